@@ -1,0 +1,78 @@
+"""Pure-PyTorch references of the fused ops: the formulas, differentiable by autograd.
+
+They are the tests' ground truth and the fallback when the compiled extension is absent. Keep this
+file a flat list of functions, one (or a few) per op. Half-precision inputs are computed in fp32 and
+the result is cast back, as the compiled kernels do.
+"""
+import torch
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def laplacian_kernel_reference(q: torch.Tensor, k: torch.Tensor, lam: float) -> torch.Tensor:
+    """``out[b,h,i,j] = exp(-sum_c |q[b,h,i,c] - k[b,h,j,c]| / lam)``.
+
+    q: [B, H, N, D], k: [B, H, M, D] -> [B, H, N, M]. ``torch.cdist(p=1)`` computes the L1
+    distances without a [B, H, N, M, D] intermediate; its gradient uses sign(0) = 0 at ties.
+    """
+    dtype = _compute_dtype(q)
+    dist = torch.cdist(q.to(dtype), k.to(dtype), p=1)
+    return torch.exp(dist * (-1.0 / lam)).to(q.dtype)
+
+
+def newton_schulz_inverse_reference(a: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """Approximate ``(a + eps*I)^-1`` for SPD ``a`` [..., M, M] by Newton–Schulz.
+
+    ``P = a + eps*I``; ``V0 = I / ||P||_inf`` (max absolute row sum, per matrix);
+    ``V <- 2V - V P V`` for ``iters`` steps, in fp32 (fp64 stays fp64); returns V in a's dtype.
+    """
+    dtype = _compute_dtype(a)
+    p = newton_schulz_shifted_reference(a.to(dtype), eps)
+    eye = torch.eye(a.shape[-1], dtype=dtype, device=a.device)
+    v = eye / p.abs().sum(-1).amax(-1)[..., None, None]
+    for _ in range(iters):
+        v = 2 * v - v @ p @ v
+    return v.to(a.dtype)
+
+
+def newton_schulz_shifted_reference(a: torch.Tensor, eps: float) -> torch.Tensor:
+    """``P = a + eps*I`` for a [..., M, M]."""
+    return a + eps * torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+
+
+def newton_schulz_residual_reference(a: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
+    """``||I - P V||_F / sqrt(M)`` per matrix, P = a + eps*I: a [..., M, M], v [..., M, M] -> [...]."""
+    dtype = _compute_dtype(a)
+    p = newton_schulz_shifted_reference(a.to(dtype), eps)
+    eye = torch.eye(a.shape[-1], dtype=dtype, device=a.device)
+    m = max(a.shape[-1], 1)
+    return torch.linalg.matrix_norm(eye - p @ v.to(dtype)) / m**0.5
+
+
+def polarity_linear_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                        power: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """PolaFormer's polarity-aware linear attention (DESIGN.md §6), as the official code composes it.
+
+    q: [B, h, N, d], k: [B, h, n, d], v: [B, h, n, dv] (dv even), power: [h, d] or [1, h, 1, d].
+    ``x+ = relu(x)^p``, ``x- = relu(-x)^p``; ``phi_s(q) = [q+, q-]``, ``phi_o(q) = [q-, q+]``,
+    ``phi(k) = [k+, k-]``; ``v1, v2 = chunk(v, 2, -1)``; ``z = mean_j phi(k_j)``,
+    ``kv_a = (phi(k)/sqrt(n))^T (v_a/sqrt(n))``;
+    ``out = [phi_s(q) kv_1 / (phi_s(q).z + eps) || phi_o(q) kv_2 / (phi_o(q).z + eps)]`` -> [B, h, N, dv].
+    """
+    dtype = _compute_dtype(q)
+    p = power.to(dtype).reshape(1, q.shape[1], 1, q.shape[-1])
+    q, k, v_ = q.to(dtype), k.to(dtype), v.to(dtype)
+    q_pos, q_neg = torch.relu(q)**p, torch.relu(-q)**p
+    k_pos, k_neg = torch.relu(k)**p, torch.relu(-k)**p
+    q_same = torch.cat([q_pos, q_neg], dim=-1)
+    q_opp = torch.cat([q_neg, q_pos], dim=-1)
+    k_feat = torch.cat([k_pos, k_neg], dim=-1)
+    v1, v2 = torch.chunk(v_, 2, dim=-1)
+    n = k.shape[-2]
+    k_mean = k_feat.mean(dim=-2, keepdim=True).transpose(-2, -1)
+    k_scaled = k_feat.transpose(-2, -1) * n**-0.5
+    x_same = (q_same @ (k_scaled @ (v1 * n**-0.5))) * (1 / (q_same @ k_mean + eps))
+    x_opp = (q_opp @ (k_scaled @ (v2 * n**-0.5))) * (1 / (q_opp @ k_mean + eps))
+    return torch.cat([x_same, x_opp], dim=-1).to(v.dtype)
