@@ -2,5 +2,7 @@
 from .dispatch import extension_status
 from .laplacian_kernel import laplacian_kernel
 from .newton_schulz import newton_schulz_inverse
+from .polarity_attention import polarity_linear_attention
 
-__all__ = ['extension_status', 'laplacian_kernel', 'newton_schulz_inverse']
+__all__ = ['extension_status', 'laplacian_kernel', 'newton_schulz_inverse',
+           'polarity_linear_attention']
