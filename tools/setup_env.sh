@@ -71,7 +71,8 @@ fi
 
 if ! have "mmcv==$MMCV_VERSION"; then
   PYTAG="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
-  WHEEL_DIR="$CACHE/wheels/mmcv-$MMCV_VERSION-torch$TORCH_VERSION-$PYTAG"
+  MMCV_DEVICE="$("$PY" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')"
+  WHEEL_DIR="$CACHE/wheels/mmcv-$MMCV_VERSION-torch$TORCH_VERSION-$PYTAG-$MMCV_DEVICE"
   if ! ls "$WHEEL_DIR"/mmcv-*.whl >/dev/null 2>&1; then
     step "building mmcv $MMCV_VERSION with ops from its sdist (about 15 min on 2 cores; cached in $WHEEL_DIR)"
     SRC="$CACHE/src"
@@ -83,8 +84,9 @@ if ! have "mmcv==$MMCV_VERSION"; then
     sed -i -E 's/-std=c\+\+1[47]/-std=c++20/g' "$MMCV_SRC/setup.py"
     grep -q 'c++20' "$MMCV_SRC/setup.py" || { echo "[setup] FAILED: C++20 patch did not apply to mmcv setup.py" >&2; exit 1; }
     mkdir -p "$WHEEL_DIR.tmp"
-    MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-2}" \
-      run mmcv-build "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$WHEEL_DIR.tmp" "$MMCV_SRC"
+    # FORCE_CUDA is for our extension; mmcv builds its CUDA ops only where a GPU is visible.
+    run mmcv-build env -u FORCE_CUDA MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-2}" \
+      "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$WHEEL_DIR.tmp" "$MMCV_SRC"
     rm -rf "$WHEEL_DIR" && mv "$WHEEL_DIR.tmp" "$WHEEL_DIR"
     rm -rf "$SRC"
   else
@@ -99,8 +101,33 @@ if ! have "mmdet==3.3.0" "mmsegmentation==1.2.2" "mmpretrain==1.2.0"; then
     "mmdet==3.3.0" "mmsegmentation==1.2.2" "mmpretrain==1.2.0" onnx onnxruntime onnxscript
 fi
 
-step "installing mmlinattn (editable) and building its extension"
-run mmlinattn "${PIP[@]}" install --no-build-isolation --no-deps -e "$ROOT"
+# The extension is cached by a hash of its sources, setup.py, the torch version and the CUDA settings,
+# so a fresh clone with unchanged ops reuses the build (CUDA code takes minutes to compile).
+WITH_CUDA=0
+if [ "${FORCE_CUDA:-0}" = "1" ] || "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  WITH_CUDA=1
+  export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+  NV_INCLUDE="$("$PY" -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cu13", "include"))' 2>/dev/null || true)"
+  [ -d "$NV_INCLUDE" ] && export CPATH="$NV_INCLUDE${CPATH:+:$CPATH}"
+fi
+EXT_KEY="$( (cd "$ROOT" && find ops/csrc -type f | LC_ALL=C sort | xargs sha256sum; sha256sum setup.py;
+             echo "torch=$TORCH_VERSION cuda=$WITH_CUDA arch=${TORCH_CUDA_ARCH_LIST:-}") | sha256sum | cut -c1-16)"
+EXT_CACHE="$CACHE/ext/$EXT_KEY"
+rm -f "$ROOT"/mmlinattn/_ext*.so
+if ls "$EXT_CACHE"/_ext*.so >/dev/null 2>&1; then
+  step "reusing the cached build of mmlinattn._ext ($EXT_KEY, CUDA kernels: $WITH_CUDA)"
+else
+  step "compiling mmlinattn._ext (CUDA kernels: $WITH_CUDA${TORCH_CUDA_ARCH_LIST:+, archs $TORCH_CUDA_ARCH_LIST})"
+  (cd "$ROOT" && MAX_JOBS="${MAX_JOBS:-2}" run extension "$PY" setup.py build_ext --inplace)
+  mkdir -p "$EXT_CACHE.tmp" && cp "$ROOT"/mmlinattn/_ext*.so "$EXT_CACHE.tmp"/
+  rm -rf "$EXT_CACHE" && mv "$EXT_CACHE.tmp" "$EXT_CACHE"
+fi
+cp "$EXT_CACHE"/_ext*.so "$ROOT"/mmlinattn/
+
+if ! "$PY" -m pip show -f mmlinattn 2>/dev/null | grep -q "$ROOT"; then
+  step "installing mmlinattn (editable)"
+  MMLINATTN_SKIP_EXT=1 run mmlinattn "${PIP[@]}" install --no-build-isolation --no-deps -e "$ROOT"
+fi
 
 run import-check "$PY" -c "import mmcv.ops, mmdet, mmseg, mmpretrain, mmlinattn"
 step "ready: $("$PY" -c 'import torch, mmcv, mmdet, mmseg, mmpretrain, mmlinattn; print(f"torch {torch.__version__}, mmcv {mmcv.__version__}, mmdet {mmdet.__version__}, mmseg {mmseg.__version__}, mmpretrain {mmpretrain.__version__}, mmlinattn {mmlinattn.__version__} (extension: {mmlinattn.ops.extension_status()})")')"

@@ -1,0 +1,15 @@
+# The toolchain check for mmseg: Semantic FPN with a ResNet-18 (V1c) backbone, random init, 2 iterations.
+_base_ = ['../../configs/_base_/fpn_adamw_80k_ade20k.py']
+crop_size = (256, 256)
+model = dict(
+    data_preprocessor=dict(size=crop_size),
+    backbone=dict(depth=18, init_cfg=None),
+    neck=dict(in_channels=[64, 128, 256, 512]))
+train_dataloader = dict(batch_size=2, num_workers=0)
+val_dataloader = dict(batch_size=1, num_workers=0)
+test_dataloader = val_dataloader
+train_cfg = dict(type='IterBasedTrainLoop', max_iters=2, val_interval=1000)
+param_scheduler = [dict(type='ConstantLR', factor=1.0, by_epoch=False, begin=0, end=1000)]
+default_hooks = dict(
+    logger=dict(interval=1),
+    checkpoint=dict(type='CheckpointHook', interval=1, by_epoch=False))

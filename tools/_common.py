@@ -1,0 +1,96 @@
+"""Shared by tools/train.py and tools/test.py: argument parsing and config preparation.
+
+Works for any mmdet, mmseg or mmpretrain config: the library is the config's ``default_scope``,
+and mmengine's Runner builds everything from the registries of that scope.
+"""
+import argparse
+import os
+import os.path as osp
+
+from mmengine.config import Config, DictAction
+
+REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+CONFIGS_DIR = osp.join(REPO_ROOT, 'configs')
+SUPPORTED_SCOPES = ('mmdet', 'mmseg', 'mmpretrain')
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('--work-dir', help='folder for logs and checkpoints '
+                        '(default: ./work_dirs/<config name>)')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config settings, e.g. train_cfg.max_iters=10 '
+                        'train_dataloader.batch_size=1 (list keys allowed: pipeline.2.scale="(512,512)")')
+    parser.add_argument('--toy-data', action='store_true',
+                        help='use the bundled synthetic data set (tools/make_toy_data.py, data/toy) '
+                        'instead of the real one')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none',
+                        help='job launcher for distributed runs (torchrun: pytorch)')
+    # torchrun passes --local-rank (older launchers --local_rank)
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+
+
+def load_config(args) -> Config:
+    """Read the config, apply --cfg-options and --toy-data, set work_dir and launcher."""
+    if not osp.isfile(args.config):
+        raise SystemExit(f'error: config file {args.config!r} does not exist')
+    cfg = Config.fromfile(args.config)
+    scope = cfg.get('default_scope')
+    if scope not in SUPPORTED_SCOPES:
+        raise SystemExit(f'error: {args.config}: default_scope must be one of {SUPPORTED_SCOPES}, '
+                         f'got {scope!r}')
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    if args.toy_data:
+        from mmlinattn.utils import use_toy_data
+        use_toy_data(cfg, CONFIGS_DIR)
+    cfg.launcher = args.launcher
+    use_gloo_without_cuda(cfg)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+    return cfg
+
+
+def use_gloo_without_cuda(cfg: Config) -> None:
+    """Distributed runs on machines without CUDA (CPU debugging) need gloo instead of nccl."""
+    import torch
+    dist_cfg = cfg.get('env_cfg', {}).get('dist_cfg', {})
+    if cfg.launcher != 'none' and not torch.cuda.is_available() and dist_cfg.get('backend') == 'nccl':
+        print('[mmlinattn] no CUDA device: using the gloo backend for distributed training', flush=True)
+        cfg.env_cfg.dist_cfg.backend = 'gloo'
+
+
+def _dataset_roots(cfg: Config, splits):
+    for split in splits:
+        loader = cfg.get(f'{split}_dataloader')
+        if not loader:
+            continue
+        dataset = loader['dataset']
+        while isinstance(dataset.get('dataset'), dict):
+            dataset = dataset['dataset']
+        datasets = dataset.get('datasets', [dataset]) if dataset.get('type') == 'ConcatDataset' \
+            else [dataset]
+        for ds in datasets:
+            if ds.get('data_root'):
+                yield f'{split}_dataloader', ds['data_root']
+
+
+def check_data_roots(cfg: Config, splits) -> None:
+    """Fail early, naming the folder and the fix, when a data set's data_root is missing."""
+    for where, root in _dataset_roots(cfg, splits):
+        if not osp.isdir(root):
+            raise SystemExit(
+                f'error: the data root {root!r} of {where} does not exist (working directory '
+                f'{os.getcwd()}). Put the data set there in its standard layout (see README.md, '
+                '"Real data"), override it with --cfg-options, or run on the bundled synthetic '
+                'set with --toy-data (after `python tools/make_toy_data.py`).')
+
+
+def build_runner(cfg: Config):
+    from mmengine.registry import RUNNERS
+    from mmengine.runner import Runner
+    if 'runner_type' in cfg:
+        return RUNNERS.build(cfg)
+    return Runner.from_cfg(cfg)

@@ -1,0 +1,53 @@
+"""Evaluate a checkpoint with any mmdet / mmseg / mmpretrain config and print its metrics.
+
+    python tools/test.py configs/mask_rcnn_laplacian_tiny_1x_coco.py work_dirs/x/epoch_12.pth
+    python tools/test.py CONFIG CHECKPOINT --toy-data --out-json metrics.json
+    bash tools/dist_test.sh CONFIG CHECKPOINT 8
+"""
+import argparse
+import json
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from _common import add_common_args, build_runner, check_data_roots, load_config  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='Test a checkpoint of an OpenMMLab config')
+    parser.add_argument('config', help='config file')
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument('--out-json', help='also write the metrics to this JSON file')
+    add_common_args(parser)
+    return parser.parse_args(argv)
+
+
+def format_metrics(metrics: dict) -> str:
+    width = max((len(k) for k in metrics), default=0)
+    lines = [f'{"metric".ljust(width)}  value', f'{"-" * width}  -----']
+    for key, value in metrics.items():
+        shown = f'{value:.4f}' if isinstance(value, float) else str(value)
+        lines.append(f'{key.ljust(width)}  {shown}')
+    return '\n'.join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not osp.isfile(args.checkpoint):
+        raise SystemExit(f'error: checkpoint {args.checkpoint!r} does not exist')
+    cfg = load_config(args)
+    cfg.load_from = args.checkpoint
+    check_data_roots(cfg, ('test',))
+    runner = build_runner(cfg)
+    metrics = runner.test()
+    if runner.rank == 0:
+        print('\n' + format_metrics(metrics), flush=True)
+        if args.out_json:
+            with open(args.out_json, 'w') as f:
+                json.dump({k: (v if isinstance(v, (int, float, str)) else str(v))
+                           for k, v in metrics.items()}, f, indent=2)
+    return metrics
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,61 @@
+"""Train any mmdet / mmseg / mmpretrain config (the library is the config's ``default_scope``).
+
+    python tools/train.py configs/mask_rcnn_laplacian_tiny_1x_coco.py
+    python tools/train.py CONFIG --toy-data --cfg-options train_cfg.max_epochs=2
+    python tools/train.py CONFIG --resume                  # the latest checkpoint in the work dir
+    python tools/train.py CONFIG --resume work_dirs/x/iter_2.pth
+    bash tools/dist_train.sh CONFIG 8                      # torchrun, --launcher pytorch
+"""
+import argparse
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from _common import add_common_args, build_runner, check_data_roots, load_config  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='Train a model from an OpenMMLab config')
+    parser.add_argument('config', help='config file')
+    parser.add_argument('--resume', nargs='?', const='auto', default=None,
+                        help='resume from the given checkpoint, or with no value from the latest '
+                        'checkpoint in the work dir')
+    parser.add_argument('--amp', action='store_true',
+                        help='automatic mixed precision (fp16 with dynamic loss scaling; CUDA only)')
+    parser.add_argument('--auto-scale-lr', action='store_true',
+                        help='scale the learning rate by total batch size / auto_scale_lr.base_batch_size')
+    add_common_args(parser)
+    return parser.parse_args(argv)
+
+
+def enable_amp(cfg) -> None:
+    import torch
+    if not torch.cuda.is_available():
+        raise SystemExit('error: --amp uses mmengine\'s AmpOptimWrapper, which needs a CUDA device; '
+                         'none is available')
+    if cfg.optim_wrapper.get('type', 'OptimWrapper') == 'AmpOptimWrapper':
+        return
+    cfg.optim_wrapper.type = 'AmpOptimWrapper'
+    cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cfg = load_config(args)
+    if args.amp:
+        enable_amp(cfg)
+    if args.auto_scale_lr:
+        if 'auto_scale_lr' not in cfg or 'base_batch_size' not in cfg.auto_scale_lr:
+            raise SystemExit('error: --auto-scale-lr needs auto_scale_lr.base_batch_size in the config')
+        cfg.auto_scale_lr.enable = True
+    if args.resume == 'auto':
+        cfg.resume, cfg.load_from = True, None
+    elif args.resume is not None:
+        cfg.resume, cfg.load_from = True, args.resume
+    check_data_roots(cfg, ('train', 'val'))
+    runner = build_runner(cfg)
+    runner.train()
+
+
+if __name__ == '__main__':
+    main()
