@@ -1,0 +1,172 @@
+"""LaplacianFormer's attention: normalised Laplacian-kernel attention, Nyström-approximated.
+
+With ``K(a, b) = exp(-||a - b||_1 / lam)`` and a shared query/key projection ``q`` (so the landmark
+Gram matrix is symmetric positive definite), a head computes
+
+    C = K(q, q~)                [N, m]     q~: m landmarks pooled from q
+    W = (K(q~, q~) + eps*I)^-1  [m, m]     Newton–Schulz, in fp32
+    y = C (W (C^T v)) / C (W (C^T 1))      right to left: O(N m d), never [N, N]
+
+With m = N landmarks equal to the tokens this is exactly ``D^-1 K(q, q) v`` (``D = diag(K 1)``);
+``landmark_ratio=1`` computes that exact form directly.
+"""
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mmlinattn.ops import laplacian_kernel, newton_schulz_inverse
+
+
+def _normalise(num_den: torch.Tensor, den_eps: float) -> torch.Tensor:
+    """[..., Dv + 1] holding the numerator and, last, the row sum -> numerator / clamp(row sum)."""
+    num, den = num_den[..., :-1], num_den[..., -1:]
+    return num / den.clamp(min=den_eps)
+
+
+def _append_ones(v: torch.Tensor) -> torch.Tensor:
+    """[..., N, Dv] -> [..., N, Dv + 1]: the extra column carries the normaliser through the products."""
+    return torch.cat([v, v.new_ones(v.shape[:-1] + (1, ))], dim=-1)
+
+
+def exact_laplacian_attention(q: torch.Tensor, v: torch.Tensor, lam: float = 4.0,
+                              den_eps: float = 1e-6) -> torch.Tensor:
+    """``y = D^-1 K v`` with ``K = K(q, q)`` and ``D = diag(K 1)``.
+
+    q: [B, H, N, D], v: [B, H, N, Dv] -> [B, H, N, Dv]. Quadratic in N: for the stride-32 stage.
+    """
+    kernel = laplacian_kernel(q, q, lam)
+    return _normalise(kernel @ _append_ones(v).to(kernel.dtype), den_eps)
+
+
+def landmark_inverse_gram(landmarks: torch.Tensor, lam: float = 4.0, ns_iters: int = 20,
+                          ns_eps: float = 1e-2) -> torch.Tensor:
+    """``W = (K(q~, q~) + ns_eps*I)^-1`` by Newton–Schulz, always in fp32 (fp64 stays fp64).
+
+    landmarks: [B, H, M, D] -> [B, H, M, M]. Autocast is disabled here: the iteration squares its
+    error each step, and in bf16 it stalls at ~1e-2 or diverges on ill-conditioned Gram matrices.
+    """
+    dtype = torch.float64 if landmarks.dtype == torch.float64 else torch.float32
+    with torch.autocast(device_type=landmarks.device.type, enabled=False):
+        landmarks = landmarks.to(dtype)
+        gram = laplacian_kernel(landmarks, landmarks, lam)
+        return newton_schulz_inverse(gram, iters=ns_iters, eps=ns_eps)
+
+
+def nystrom_laplacian_attention(q: torch.Tensor, landmarks: torch.Tensor, v: torch.Tensor,
+                                lam: float = 4.0, ns_iters: int = 20, ns_eps: float = 1e-2,
+                                den_eps: float = 1e-6) -> torch.Tensor:
+    """``y = C (W (C^T v)) / clamp(C (W (C^T 1)), den_eps)``, ``C = K(q, q~)``, ``W`` as above.
+
+    q: [B, H, N, D], landmarks q~: [B, H, M, D], v: [B, H, N, Dv] -> [B, H, N, Dv].
+    Cost O(N M (D + Dv) + M^3 ns_iters); memory O(N M).
+    """
+    cross = laplacian_kernel(q, landmarks.to(q.dtype), lam)  # C: [B, H, N, M]
+    inverse_gram = landmark_inverse_gram(landmarks, lam, ns_iters, ns_eps)  # W: [B, H, M, M]
+    v_ones = _append_ones(v).to(cross.dtype)  # [B, H, N, Dv + 1]
+    context = cross.transpose(-2, -1) @ v_ones  # C^T [v, 1]: [B, H, M, Dv + 1]
+    context = inverse_gram.to(context.dtype) @ context  # W C^T [v, 1]
+    return _normalise(cross @ context, den_eps)  # C W C^T [v, 1] -> [B, H, N, Dv]
+
+
+class LaplacianAttention(nn.Module):
+    """Multi-head Laplacian-kernel attention with Nyström landmarks and a local depthwise branch.
+
+    Per head (head dim ``d = embed_dims / num_heads``, stride ``s = landmark_ratio``):
+
+    - ``q = W_q x * d^-1/2`` is both query and key; ``v = W_v x``.
+    - landmarks ``q~ = GELU(LN(Conv2d(d, d, s, stride=s)(q as [B*h, d, H, W])))``, q zero-padded on
+      the bottom/right to a multiple of s, so ``m = ceil(H/s) * ceil(W/s)``; the conv is shared
+      by the heads.
+    - ``y = nystrom_laplacian_attention(q, q~, v)``; for ``s = 1`` the exact ``D^-1 K(q, q) v``.
+    - ``out = W_o (y + DWConv_k(v))``, the local branch a depthwise k x k conv on v as an image.
+
+    Args:
+        embed_dims: channels C.
+        num_heads: heads h, dividing C.
+        landmark_ratio: s >= 1, the landmark pooling stride; 1 selects exact attention.
+        lam: the kernel bandwidth.
+        local_kernel_size: k of the depthwise local branch (odd); 0 disables it.
+        qv_bias: bias of the q and v projections.
+        proj_drop: dropout after the output projection.
+        ns_iters, ns_eps: Newton–Schulz steps and diagonal shift of the Gram inverse.
+        den_eps: lower clamp of the row normaliser.
+
+    Shapes: ``forward(x [B, N, C], hw_shape=(H, W))`` with ``N = H*W`` -> [B, N, C].
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, landmark_ratio: int, lam: float = 4.0,
+                 local_kernel_size: int = 3, qv_bias: bool = True, proj_drop: float = 0.0,
+                 ns_iters: int = 20, ns_eps: float = 1e-2, den_eps: float = 1e-6):
+        super().__init__()
+        if embed_dims % num_heads != 0:
+            raise ValueError(f'embed_dims must be divisible by num_heads, got {embed_dims} and '
+                             f'{num_heads}')
+        if isinstance(landmark_ratio, bool) or not isinstance(landmark_ratio, int) or landmark_ratio < 1:
+            raise ValueError(f'landmark_ratio must be a positive integer, got {landmark_ratio!r}')
+        if not lam > 0:
+            raise ValueError(f'lam must be positive, got {lam!r}')
+        if local_kernel_size < 0 or (local_kernel_size and local_kernel_size % 2 == 0):
+            raise ValueError(f'local_kernel_size must be odd (or 0 for none), got {local_kernel_size}')
+        self.embed_dims = embed_dims
+        self.num_heads = num_heads
+        self.head_dims = embed_dims // num_heads
+        self.landmark_ratio = landmark_ratio
+        self.lam = float(lam)
+        self.ns_iters = ns_iters
+        self.ns_eps = ns_eps
+        self.den_eps = den_eps
+        self.scale = self.head_dims**-0.5
+
+        self.q = nn.Linear(embed_dims, embed_dims, bias=qv_bias)
+        self.v = nn.Linear(embed_dims, embed_dims, bias=qv_bias)
+        if landmark_ratio > 1:
+            self.landmark_conv = nn.Conv2d(self.head_dims, self.head_dims, kernel_size=landmark_ratio,
+                                           stride=landmark_ratio, bias=False)
+            self.landmark_norm = nn.LayerNorm(self.head_dims)
+            self.landmark_act = nn.GELU()
+        self.local_conv = (nn.Conv2d(embed_dims, embed_dims, local_kernel_size,
+                                     padding=local_kernel_size // 2, groups=embed_dims)
+                           if local_kernel_size else None)
+        self.proj = nn.Linear(embed_dims, embed_dims)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def extra_repr(self) -> str:
+        return (f'num_heads={self.num_heads}, landmark_ratio={self.landmark_ratio}, lam={self.lam}, '
+                f'ns_iters={self.ns_iters}, ns_eps={self.ns_eps}')
+
+    def landmarks(self, q: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        """q: [B, h, N, d] -> q~: [B, h, m, d], ``m = ceil(H/s) * ceil(W/s)``."""
+        batch, heads, _, head_dims = q.shape
+        height, width = hw_shape
+        s = self.landmark_ratio
+        grid = q.reshape(batch * heads, height, width, head_dims).permute(0, 3, 1, 2)
+        grid = F.pad(grid, (0, (-width) % s, 0, (-height) % s))
+        pooled = self.landmark_conv(grid).flatten(2).transpose(1, 2)  # [B*h, m, d]
+        pooled = self.landmark_act(self.landmark_norm(pooled))
+        return pooled.reshape(batch, heads, -1, head_dims)
+
+    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        batch, num_tokens, channels = x.shape
+        height, width = hw_shape
+        if num_tokens != height * width or channels != self.embed_dims:
+            raise ValueError(f'x must be [B, H*W, {self.embed_dims}] for hw_shape {tuple(hw_shape)}, '
+                             f'got {list(x.shape)}')
+
+        def split_heads(t):  # [B, N, C] -> [B, h, N, d]
+            return t.reshape(batch, num_tokens, self.num_heads, self.head_dims).transpose(1, 2)
+
+        q = split_heads(self.q(x)) * self.scale
+        v_tokens = self.v(x)
+        v = split_heads(v_tokens)
+        if self.landmark_ratio == 1:
+            y = exact_laplacian_attention(q, v, self.lam, self.den_eps)
+        else:
+            y = nystrom_laplacian_attention(q, self.landmarks(q, hw_shape), v, self.lam,
+                                            self.ns_iters, self.ns_eps, self.den_eps)
+        y = y.transpose(1, 2).reshape(batch, num_tokens, channels).to(v_tokens.dtype)
+        if self.local_conv is not None:
+            v_image = v_tokens.transpose(1, 2).reshape(batch, channels, height, width)
+            y = y + self.local_conv(v_image).flatten(2).transpose(1, 2)
+        return self.proj_drop(self.proj(y))
