@@ -21,6 +21,8 @@ def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int], dst_sh
         return pos_embed
     channels = pos_embed.shape[2]
     grid = pos_embed.reshape(1, src_h, src_w, channels).permute(0, 3, 1, 2)
-    # bicubic upsampling is not implemented for bf16/fp16 on every device: interpolate in fp32.
-    grid = F.interpolate(grid.float(), size=(dst_h, dst_w), mode=mode, align_corners=False)
+    # bicubic upsampling is not implemented for bf16/fp16 on every device: interpolate in fp32
+    # (fp64 stays fp64).
+    compute_dtype = torch.float64 if pos_embed.dtype == torch.float64 else torch.float32
+    grid = F.interpolate(grid.to(compute_dtype), size=(dst_h, dst_w), mode=mode, align_corners=False)
     return grid.to(pos_embed.dtype).flatten(2).transpose(1, 2)
