@@ -1,5 +1,10 @@
 from .laplacian_attention import LaplacianAttention
 from .mlp import Mlp
+from .patch_embed import PatchEmbed, PatchMerging
+from .polarity_attention import PolarityAttention
 from .pos_embed import resize_pos_embed
+from .prenorm_block import PreNormBlock
+from .window_attention import ShiftedWindowAttention
 
-__all__ = ['LaplacianAttention', 'Mlp', 'resize_pos_embed']
+__all__ = ['LaplacianAttention', 'Mlp', 'PatchEmbed', 'PatchMerging', 'PolarityAttention', 'PreNormBlock',
+           'ShiftedWindowAttention', 'resize_pos_embed']

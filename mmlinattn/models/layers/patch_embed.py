@@ -1,0 +1,55 @@
+"""Patch embedding (strided conv + LayerNorm) and Swin's 2x2 patch merging, for any input size.
+
+Parameter names (``proj``/``norm``, ``norm``/``reduction``) are those of the official PVT, Swin and
+PolaFormer checkpoints.
+"""
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class PatchEmbed(nn.Module):
+    """``LN(Conv2d(C_in, C, p, stride=p)(x))`` as tokens.
+
+    The image is zero-padded on the bottom/right to a multiple of p, so any size works and the grid
+    is ``(ceil(H/p), ceil(W/p))``; sizes that are multiples of p are not padded.
+    ``forward(x [B, C_in, H, W]) -> (tokens [B, H'*W', C], (H', W'))``.
+    """
+
+    def __init__(self, in_channels: int, embed_dims: int, patch_size: int, norm_eps: float = 1e-5):
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_channels, embed_dims, kernel_size=patch_size, stride=patch_size)
+        self.norm = nn.LayerNorm(embed_dims, eps=norm_eps)
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        p = self.patch_size
+        x = F.pad(x, (0, (-x.shape[-1]) % p, 0, (-x.shape[-2]) % p))
+        x = self.proj(x)
+        hw_shape = (x.shape[2], x.shape[3])
+        return self.norm(x.flatten(2).transpose(1, 2)), hw_shape
+
+
+class PatchMerging(nn.Module):
+    """Swin's downsampling: each 2x2 patch's tokens concatenated, ``reduction(LN(.))`` to 2C.
+
+    The concatenation order is (row 0, col 0), (row 1, col 0), (row 0, col 1), (row 1, col 1), as in
+    the official Swin code. Odd sizes are zero-padded on the bottom/right.
+    ``forward(x [B, H*W, C], (H, W)) -> ([B, ceil(H/2)*ceil(W/2), 2C], (ceil(H/2), ceil(W/2)))``.
+    """
+
+    def __init__(self, in_dims: int, norm_eps: float = 1e-5):
+        super().__init__()
+        self.norm = nn.LayerNorm(4 * in_dims, eps=norm_eps)
+        self.reduction = nn.Linear(4 * in_dims, 2 * in_dims, bias=False)
+
+    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        batch, _, channels = x.shape
+        height, width = hw_shape
+        grid = F.pad(x.reshape(batch, height, width, channels), (0, 0, 0, width % 2, 0, height % 2))
+        grid = torch.cat([grid[:, 0::2, 0::2], grid[:, 1::2, 0::2], grid[:, 0::2, 1::2],
+                          grid[:, 1::2, 1::2]], dim=-1)
+        out_hw = (grid.shape[1], grid.shape[2])
+        return self.reduction(self.norm(grid.reshape(batch, -1, 4 * channels))), out_hw

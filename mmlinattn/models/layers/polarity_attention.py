@@ -1,0 +1,159 @@
+"""PolaFormer's polarity-aware linear attention as a token-mixing layer (DESIGN.md §6).
+
+For x: [B, N, C] on an H x W grid, h heads of d = C / h channels and n key tokens:
+
+    q, g = split(qg(x))          k, v = split(kv(x_kv))       (or q, k, v, g = split(qkvg(x)))
+    k = k + pos                  pos: learned [1, n, C], resized bicubically to the key grid
+    s = softplus(scale)          q = q / s,  k = k / s
+    p = 1 + alpha * sigmoid(power)                             power: [1, h, 1, d], alpha = 4
+    y = polarity_linear_attention(q, k, v, p)                  [B, h, N, d], see mmlinattn.ops
+    out = proj((y + DWC(v)) * g)                               DWC: Conv2d(d, d, 5, groups=d) per head
+
+``x_kv`` is x, or ``LN(Conv2d(C, C, sr, stride=sr)(x))`` with a spatial reduction ``sr > 1``; the
+n = (H//sr)(W//sr) values are then stretched back to N tokens for the DWC by a 1-D linear
+interpolation over the flattened token sequence, which is what the official code does.
+The parameter names (``qg``, ``kv``, ``qkvg``, ``power``, ``scale``, ``positional_encoding``,
+``dwc``, ``proj``, ``sr``, ``norm``) are the official ones, so official checkpoints load unchanged.
+"""
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mmlinattn.ops import polarity_linear_attention
+from .pos_embed import resize_pos_embed
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+class PolarityAttention(nn.Module):
+    """Polarity-aware linear attention with a gate, a depthwise conv on v and a learned power.
+
+    Args:
+        embed_dims: channels C.
+        num_heads: heads h, dividing C; d = C / h must be even (v is split into two halves).
+        pos_grid: (Hp, Wp), the key grid the positional encoding is learned on (the training
+            resolution's token grid divided by ``sr_ratio``); it is resized to the actual one.
+        sr_ratio: spatial reduction of keys and values (Pola-PVT: 1); needs ``fused_qkvg=False``.
+        fused_qkvg: one ``Linear(C, 4C)`` giving q, k, v, g (Pola-Swin) instead of ``qg`` and
+            ``kv`` (Pola-PVT).
+        qkv_bias: bias of the input projections.
+        kernel_size: of the depthwise conv on v.
+        alpha: the power is ``1 + alpha * sigmoid(theta)``, in (1, 1 + alpha).
+        proj_drop: dropout after the output projection.
+        eps: added to the normalisers of the attention.
+
+    Shapes: ``forward(x [B, H*W, C], hw_shape=(H, W))`` -> [B, H*W, C]. Everything after the input
+    projections runs in fp32 (fp64 stays fp64) with autocast off, as the powers overflow in fp16.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, pos_grid: Tuple[int, int], sr_ratio: int = 1,
+                 fused_qkvg: bool = False, qkv_bias: bool = True, kernel_size: int = 5,
+                 alpha: float = 4.0, proj_drop: float = 0.0, eps: float = 1e-6):
+        super().__init__()
+        if embed_dims % num_heads != 0 or (embed_dims // num_heads) % 2 != 0:
+            raise ValueError('embed_dims / num_heads must be an even integer (v is split in two), '
+                             f'got embed_dims={embed_dims}, num_heads={num_heads}')
+        if isinstance(sr_ratio, bool) or not isinstance(sr_ratio, int) or sr_ratio < 1:
+            raise ValueError(f'sr_ratio must be a positive integer, got {sr_ratio!r}')
+        if fused_qkvg and sr_ratio > 1:
+            raise ValueError('fused_qkvg computes k and v from the full-resolution tokens, so it '
+                             f'needs sr_ratio=1, got {sr_ratio}')
+        if kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f'kernel_size must be a positive odd integer, got {kernel_size}')
+        self.embed_dims = embed_dims
+        self.num_heads = num_heads
+        self.head_dims = embed_dims // num_heads
+        self.pos_grid = (int(pos_grid[0]), int(pos_grid[1]))
+        self.sr_ratio = sr_ratio
+        self.fused_qkvg = fused_qkvg
+        self.alpha = float(alpha)
+        self.eps = eps
+
+        if fused_qkvg:
+            self.qkvg = nn.Linear(embed_dims, 4 * embed_dims, bias=qkv_bias)
+        else:
+            self.qg = nn.Linear(embed_dims, 2 * embed_dims, bias=qkv_bias)
+            self.kv = nn.Linear(embed_dims, 2 * embed_dims, bias=qkv_bias)
+        if sr_ratio > 1:
+            self.sr = nn.Conv2d(embed_dims, embed_dims, kernel_size=sr_ratio, stride=sr_ratio)
+            self.norm = nn.LayerNorm(embed_dims)
+        self.dwc = nn.Conv2d(self.head_dims, self.head_dims, kernel_size, padding=kernel_size // 2,
+                             groups=self.head_dims)
+        self.power = nn.Parameter(torch.zeros(1, num_heads, 1, self.head_dims))
+        self.scale = nn.Parameter(torch.zeros(1, 1, embed_dims))
+        self.positional_encoding = nn.Parameter(
+            torch.zeros(1, self.pos_grid[0] * self.pos_grid[1], embed_dims))
+        self.proj = nn.Linear(embed_dims, embed_dims)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def extra_repr(self) -> str:
+        return (f'num_heads={self.num_heads}, pos_grid={self.pos_grid}, sr_ratio={self.sr_ratio}, '
+                f'alpha={self.alpha}')
+
+    def feature_power(self) -> torch.Tensor:
+        """``p = 1 + alpha * sigmoid(power)``: [1, h, 1, d], always in (1, 1 + alpha)."""
+        return 1 + self.alpha * torch.sigmoid(self.power)
+
+    def _project(self, x: torch.Tensor, hw_shape: Tuple[int, int]):
+        """x [B, N, C] -> q, k, v, g [B, tokens, C] and the key grid (Hk, Wk)."""
+        batch, num_tokens, channels = x.shape
+        if self.fused_qkvg:
+            q, k, v, g = self.qkvg(x).reshape(batch, num_tokens, 4, channels).unbind(2)
+            return q, k, v, g, tuple(hw_shape)
+        q, g = self.qg(x).reshape(batch, num_tokens, 2, channels).unbind(2)
+        kv_grid = tuple(hw_shape)
+        if self.sr_ratio > 1:
+            height, width = hw_shape
+            if height < self.sr_ratio or width < self.sr_ratio:
+                raise ValueError(f'the token grid {height}x{width} is smaller than sr_ratio='
+                                 f'{self.sr_ratio}; use a larger input or a smaller sr_ratio')
+            image = x.transpose(1, 2).reshape(batch, channels, height, width)
+            reduced = self.sr(image)
+            kv_grid = tuple(reduced.shape[-2:])
+            x = self.norm(reduced.flatten(2).transpose(1, 2))
+        k, v = self.kv(x).reshape(batch, -1, 2, channels).unbind(2)
+        return q, k, v, g, kv_grid
+
+    def _local_branch(self, v: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        """DWC on v: [B, h, n, d] -> [B, N, C], the conv shared by the heads."""
+        batch, heads, num_kv, head_dims = v.shape
+        height, width = hw_shape
+        num_tokens = height * width
+        if num_kv != num_tokens:  # sr > 1: stretch the token sequence linearly, as the official code
+            v = F.interpolate(v.transpose(-2, -1).reshape(batch * heads, head_dims, num_kv),
+                              size=num_tokens, mode='linear')
+            v = v.reshape(batch, heads, head_dims, num_tokens).transpose(-2, -1)
+        image = v.reshape(batch * heads, height, width, head_dims).permute(0, 3, 1, 2)
+        weight, bias = self.dwc.weight.to(v.dtype), self.dwc.bias
+        out = F.conv2d(image, weight, None if bias is None else bias.to(v.dtype),
+                       padding=self.dwc.padding, groups=self.dwc.groups)
+        return out.reshape(batch, heads * head_dims, num_tokens).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        batch, num_tokens, channels = x.shape
+        height, width = hw_shape
+        if num_tokens != height * width or channels != self.embed_dims:
+            raise ValueError(f'x must be [B, H*W, {self.embed_dims}] for hw_shape {tuple(hw_shape)}, '
+                             f'got {list(x.shape)}')
+        q, k, v, g, kv_grid = self._project(x, hw_shape)
+        dtype = _compute_dtype(x)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            q, k, v, g = (t.to(dtype) for t in (q, k, v, g))
+            pos = resize_pos_embed(self.positional_encoding.to(dtype), self.pos_grid, kv_grid)
+            scale = F.softplus(self.scale.to(dtype))
+            q = q / scale
+            k = (k + pos) / scale
+
+            def split_heads(t):  # [B, n, C] -> [B, h, n, d]
+                return t.reshape(batch, -1, self.num_heads, self.head_dims).transpose(1, 2)
+
+            v_heads = split_heads(v)
+            y = polarity_linear_attention(split_heads(q), split_heads(k), v_heads,
+                                          self.feature_power().to(dtype), self.eps)
+            y = y.transpose(1, 2).reshape(batch, num_tokens, channels)
+            y = (y + self._local_branch(v_heads, hw_shape)) * g
+        return self.proj_drop(self.proj(y.to(x.dtype)))
