@@ -2,7 +2,7 @@
 
 Compiled kernel: ``torch.ops.mmlinattn.newton_schulz_inverse(a [B, M, M], iters, eps,
 with_residual) -> (V, residual)``, iterating in fp32 (fp64 for fp64 input) and returning V and
-the residual in that precision. CPU: fp32, fp64. CUDA: fp32, fp16, bf16; one thread block per
+the residual in that precision. CPU: fp32, fp64, fp16, bf16 (cast up). CUDA: fp32, fp16, bf16; one thread block per
 matrix in shared memory when the matrices fit, batched matrix products otherwise (any M).
 Backward (exact at convergence, V = P^-1): ``grad_a = -V^T G V^T``.
 """
@@ -17,7 +17,7 @@ from .reference import newton_schulz_inverse_reference, newton_schulz_residual_r
 from .validation import check_positive, check_tensor
 
 SUPPORTED = {
-    'cpu': (torch.float32, torch.float64),
+    'cpu': (torch.float32, torch.float64, torch.float16, torch.bfloat16),
     'cuda': (torch.float32, torch.float16, torch.bfloat16),
 }
 
