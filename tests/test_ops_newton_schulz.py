@@ -1,0 +1,233 @@
+"""newton_schulz_inverse: compiled CPU/CUDA kernels against the reference iteration and against
+torch.linalg.inv, on Laplacian-kernel Gram matrices of random landmarks (the LaplacianFormer use).
+
+Tests of the compiled path set MMLINATTN_OPS=compiled, so a missing extension fails them.
+"""
+import pytest
+import torch
+
+from mmlinattn.ops import newton_schulz_inverse
+from mmlinattn.ops.reference import (laplacian_kernel_reference, newton_schulz_inverse_reference,
+                                     newton_schulz_residual_reference)
+
+EPS = 1e-2
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    monkeypatch.setenv('MMLINATTN_OPS', 'compiled')
+
+
+def landmark_gram(batch, m, d=32, lam=4.0, dtype=torch.float32, device='cpu', seed=0):
+    """Laplacian-kernel Gram matrices [batch, m, m] of landmarks ~ N(0, 1/d): SPD."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, 1, m, d, generator=gen, dtype=torch.float64) / d**0.5
+    return laplacian_kernel_reference(x, x, lam)[:, 0].to(device=device, dtype=dtype)
+
+
+def exact_residual(a, v, eps=EPS):
+    """||I - P V||_F / sqrt(M) in fp64."""
+    return newton_schulz_residual_reference(a.double(), v.double(), eps)
+
+
+@pytest.mark.parametrize('mode', ['compiled', 'reference'])
+@pytest.mark.parametrize('m', [1, 16, 49, 128, 256])
+def test_converges_on_landmark_gram_matrices(monkeypatch, mode, m):
+    monkeypatch.setenv('MMLINATTN_OPS', mode)
+    a = landmark_gram(3, m, seed=m)
+    v, residual = newton_schulz_inverse(a, return_residual=True)
+    assert v.dtype == torch.float32 and residual.dtype == torch.float32
+    assert residual.shape == (3, )
+    assert residual.max().item() <= 1e-4
+    torch.testing.assert_close(residual.double(), exact_residual(a, v), rtol=0.05, atol=2e-6)
+    p = a.double() + EPS * torch.eye(m, dtype=torch.float64)
+    torch.testing.assert_close(v.double(), torch.linalg.inv(p), rtol=0, atol=1e-4 * (1 / EPS))
+
+
+@pytest.mark.parametrize('m', [1, 16, 49, 50, 256])
+def test_compiled_equals_reference_step_for_step(compiled, m):
+    a = landmark_gram(2, m, seed=7)
+    for iters in (1, 2, 3, 5, 8, 20):
+        v = newton_schulz_inverse(a, iters=iters)
+        v_ref = newton_schulz_inverse_reference(a, iters, EPS)
+        err = (v - v_ref).abs().max() / v_ref.abs().max()
+        assert err <= 1e-5, f'iters={iters}: relative error {err:.3g}'
+    a64 = a.double()
+    for iters in (1, 2, 5):
+        v = newton_schulz_inverse(a64, iters=iters)
+        assert v.dtype == torch.float64
+        torch.testing.assert_close(v, newton_schulz_inverse_reference(a64, iters, EPS),
+                                   rtol=1e-12, atol=1e-14)
+
+
+def test_first_step_is_the_documented_formula(compiled):
+    """V0 = I / ||P||_inf, V1 = 2 V0 - V0 P V0."""
+    a = landmark_gram(1, 5, seed=1).double()
+    p = a + EPS * torch.eye(5, dtype=torch.float64)
+    v0 = torch.eye(5, dtype=torch.float64) / p.abs().sum(-1).max()
+    torch.testing.assert_close(newton_schulz_inverse(a, iters=1), 2 * v0 - v0 @ p @ v0,
+                               rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize('mode', ['compiled', 'reference'])
+def test_backward_equals_autograd_of_inverse(monkeypatch, mode):
+    monkeypatch.setenv('MMLINATTN_OPS', mode)
+    a = landmark_gram(2, 12, dtype=torch.float64, seed=2).requires_grad_()
+    grad = torch.randn(2, 12, 12, dtype=torch.float64)
+    (grad_a, ) = torch.autograd.grad(newton_schulz_inverse(a, iters=40), a, grad)
+    a_ref = a.detach().clone().requires_grad_()
+    inverse = torch.linalg.inv(a_ref + EPS * torch.eye(12, dtype=torch.float64))
+    (grad_ref, ) = torch.autograd.grad(inverse, a_ref, grad)
+    torch.testing.assert_close(grad_a, grad_ref, rtol=1e-8, atol=1e-8)
+
+
+def test_ill_conditioned_input_reports_large_residual(compiled):
+    """A nearly singular P (eigenvalue 1e-9 next to 1) cannot converge in 20 steps from
+    I/||P||: the residual says so instead of looking like a converged inverse."""
+    eigenvalues = torch.tensor([1.0, 0.5, 1e-9, 0.25])
+    basis, _ = torch.linalg.qr(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)))
+    a = (basis * eigenvalues) @ basis.T
+    a = (a + a.T) / 2
+    v, residual = newton_schulz_inverse(a[None], eps=0.0, return_residual=True)
+    assert residual.item() > 0.1
+    # a duplicated landmark makes the Gram matrix exactly singular: eps = 0 must not look converged
+    gram = landmark_gram(1, 8, seed=3)
+    gram[:, 7], gram[:, :, 7] = gram[:, 6], gram[:, :, 6]
+    _, residual = newton_schulz_inverse(gram, eps=0.0, return_residual=True)
+    assert residual.item() > 0.1
+
+
+@pytest.mark.parametrize('mode', ['compiled', 'reference'])
+def test_batch_dims_non_contiguous_and_empty(monkeypatch, mode):
+    monkeypatch.setenv('MMLINATTN_OPS', mode)
+    a = landmark_gram(6, 9, seed=4).reshape(2, 3, 9, 9)
+    a_t = a.transpose(-1, -2)  # symmetric, so the same matrices, as a non-contiguous view
+    assert not a_t.is_contiguous()
+    v, residual = newton_schulz_inverse(a_t, return_residual=True)
+    assert v.shape == (2, 3, 9, 9) and residual.shape == (2, 3)
+    torch.testing.assert_close(v, newton_schulz_inverse_reference(a, 20, EPS), rtol=1e-5,
+                               atol=1e-5)
+    for shape in [(0, 9, 9), (2, 0, 4, 4), (3, 0, 0)]:
+        empty = torch.zeros(shape, requires_grad=True)
+        v, residual = newton_schulz_inverse(empty, return_residual=True)
+        assert v.shape == shape and residual.shape == shape[:-2]
+        v.sum().backward()
+        assert empty.grad.shape == shape
+
+
+@pytest.mark.parametrize('mode', ['compiled', 'reference'])
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_half_inputs_iterate_in_fp32(monkeypatch, mode, dtype):
+    monkeypatch.setenv('MMLINATTN_OPS', mode)
+    a = landmark_gram(2, 16, seed=5).to(dtype)
+    v, residual = newton_schulz_inverse(a, return_residual=True)
+    assert v.dtype == dtype and residual.dtype == torch.float32
+    v32 = newton_schulz_inverse_reference(a.float(), 20, EPS)
+    torch.testing.assert_close(v, v32.to(dtype), rtol=0, atol=0)
+    assert residual.max().item() <= 1e-4  # of the fp32 iterate, before rounding to dtype
+
+
+def graph_node_names(t):
+    names, stack = set(), [t.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and type(node).__name__ not in names:
+            names.add(type(node).__name__)
+            stack.extend(fn for fn, _ in node.next_functions)
+    return names
+
+
+def test_reference_is_used_when_forced(monkeypatch):
+    a = landmark_gram(2, 6, seed=6).requires_grad_()
+    monkeypatch.setenv('MMLINATTN_OPS', 'reference')
+    forced = newton_schulz_inverse(a)
+    assert 'NewtonSchulzFunctionBackward' not in graph_node_names(forced)
+    monkeypatch.setenv('MMLINATTN_OPS', 'compiled')
+    compiled_out = newton_schulz_inverse(a)
+    assert 'NewtonSchulzFunctionBackward' in graph_node_names(compiled_out)
+    torch.testing.assert_close(forced, compiled_out, rtol=1e-5, atol=1e-5)
+
+
+def _nan_matrix():
+    a = torch.eye(3)[None].clone()
+    a[0, 1, 2] = float('nan')
+    return a
+
+
+@pytest.mark.parametrize('a,kwargs,match', [
+    (torch.ones(4), {}, r'a must have at least 2 dimensions, got shape \[4\]'),
+    (torch.ones(2, 3, 4), {}, r'a must be a batch of square matrices \[..., M, M\], got shape '
+     r'\[2x3x4\]'),
+    (torch.ones(2, 3, 3, dtype=torch.int64), {}, r'a must be a floating-point tensor, got dtype '
+     r'torch.int64'),
+    (_nan_matrix(), {}, r'a must be finite, but it contains NaN or Inf \(shape \[1x3x3\]\)'),
+    (torch.eye(3) * float('inf'), {}, r'a must be finite'),
+    (torch.eye(3), {'iters': 0}, r'iters must be a positive integer, got 0'),
+    (torch.eye(3), {'iters': -2}, r'iters must be a positive integer, got -2'),
+    (torch.eye(3), {'iters': 2.5}, r'iters must be a positive integer, got 2.5'),
+    (torch.eye(3), {'iters': True}, r'iters must be a positive integer, got True'),
+    (torch.eye(3), {'eps': -1e-3}, r'eps must be a non-negative finite number, got -0.001'),
+    (torch.eye(3), {'eps': float('nan')}, r'eps must be a non-negative finite number, got nan'),
+    ('not a tensor', {}, r'a must be a torch.Tensor, got str'),
+])
+def test_bad_calls_raise_value_error(a, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        newton_schulz_inverse(a, **kwargs)
+
+
+@pytest.mark.parametrize('a,iters,eps', [
+    (torch.ones(3, 3), 5, EPS),
+    (torch.ones(2, 3, 4), 5, EPS),
+    (torch.ones(2, 3, 3), 0, EPS),
+    (torch.ones(2, 3, 3), 5, -1.0),
+])
+def test_compiled_op_checks_its_own_arguments(a, iters, eps):
+    with pytest.raises(ValueError):
+        torch.ops.mmlinattn.newton_schulz_inverse(a, iters, eps, True)
+
+
+# ---- CUDA (run by tools/gpu_check.sh; skipped without a GPU) ----
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize('m', [1, 16, 49, 100, 128, 256, 300])
+def test_cuda_matches_reference(compiled, dtype, m):
+    """M <= ~128 runs the one-block shared-memory kernel, larger M the batched-matmul path."""
+    a = landmark_gram(5, m, device='cuda', seed=m).to(dtype)
+    v, residual = newton_schulz_inverse(a, return_residual=True)
+    assert v.dtype == dtype and residual.dtype == torch.float32
+    v_ref = newton_schulz_inverse_reference(a.float(), 20, EPS)
+    err = (v.float() - v_ref).abs().max() / v_ref.abs().max()
+    assert err <= (1e-4 if dtype == torch.float32 else 1e-2)
+    assert residual.max().item() <= 1e-4
+    torch.testing.assert_close(residual.double(),
+                               newton_schulz_residual_reference(a.float(), v_ref, EPS).double(),
+                               rtol=0.1, atol=2e-6)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('m', [16, 49, 256])
+def test_cuda_step_for_step_and_backward(compiled, m):
+    a = landmark_gram(3, m, device='cuda', seed=9)
+    for iters in (1, 2, 5):
+        v = newton_schulz_inverse(a, iters=iters)
+        v_ref = newton_schulz_inverse_reference(a, iters, EPS)
+        assert ((v - v_ref).abs().max() / v_ref.abs().max()).item() <= 1e-5
+    a = a.requires_grad_()
+    grad = torch.randn_like(a)
+    (grad_a, ) = torch.autograd.grad(newton_schulz_inverse(a), a, grad)
+    a64 = a.detach().double().requires_grad_()
+    inverse = torch.linalg.inv(a64 + EPS * torch.eye(m, device='cuda', dtype=torch.float64))
+    (grad_ref, ) = torch.autograd.grad(inverse, a64, grad.double())
+    assert ((grad_a.double() - grad_ref).abs().max() / grad_ref.abs().max()).item() <= 1e-3
+
+
+@pytest.mark.cuda
+def test_cuda_non_contiguous_and_empty(compiled):
+    a = landmark_gram(4, 20, device='cuda').reshape(2, 2, 20, 20).transpose(-1, -2)
+    v = newton_schulz_inverse(a)
+    torch.testing.assert_close(v, newton_schulz_inverse_reference(a.contiguous(), 20, EPS),
+                               rtol=1e-4, atol=1e-4)
+    empty = torch.zeros(0, 20, 20, device='cuda')
+    v, residual = newton_schulz_inverse(empty, return_residual=True)
+    assert v.shape == (0, 20, 20) and residual.shape == (0, )
