@@ -1,0 +1,276 @@
+"""LaplacianFormer: a four-stage pyramid of Laplacian-kernel Nyström attention blocks (DESIGN.md §5)."""
+from typing import Dict, List, Sequence, Tuple, Union
+
+import torch
+import torch.utils.checkpoint as cp
+from mmcv.cnn import ConvModule, build_norm_layer
+from mmcv.cnn.bricks import DropPath
+from mmengine.logging import print_log
+from mmengine.model import BaseModule
+from mmengine.model.weight_init import trunc_normal_
+from mmengine.runner.checkpoint import CheckpointLoader
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from mmlinattn.registry import MODELS
+from ..layers import LaplacianAttention, Mlp, resize_pos_embed
+
+
+class LaplacianFormerBlock(nn.Module):
+    """Pre-norm block: ``x + DropPath(Attn(LN(x)))``, then ``x + DropPath(FFN(LN(x)))``.
+
+    ``forward(x [B, N, C], hw_shape) -> [B, N, C]``; ``with_cp`` recomputes the block in backward.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, landmark_ratio: int, local_kernel_size: int,
+                 mlp_ratio: float = 4.0, lam: float = 4.0, drop_rate: float = 0.0,
+                 drop_path_rate: float = 0.0, ns_iters: int = 20, ns_eps: float = 1e-2,
+                 norm_cfg: dict = dict(type='LN', eps=1e-6), with_cp: bool = False):
+        super().__init__()
+        self.with_cp = with_cp
+        self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
+        self.attn = LaplacianAttention(embed_dims, num_heads, landmark_ratio, lam=lam,
+                                       local_kernel_size=local_kernel_size, proj_drop=drop_rate,
+                                       ns_iters=ns_iters, ns_eps=ns_eps)
+        self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
+        self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
+        self.ffn = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate)
+
+    def _forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x), hw_shape))
+        return x + self.drop_path(self.ffn(self.norm2(x)))
+
+    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(self._forward, x, hw_shape, use_reentrant=False)
+        return self._forward(x, hw_shape)
+
+
+class LaplacianFormerStage(nn.Module):
+    """Patch embedding (stem or 3x3 s2 conv + BN), learned position embedding, blocks.
+
+    ``forward(x [B, C_in, H_in, W_in]) -> (tokens [B, H*W, C], (H, W))``. The position embedding
+    is defined on the ``pos_grid`` of a 224^2 input and resized bicubically to ``(H, W)``.
+    """
+
+    def __init__(self, patch_embed: nn.Module, embed_dims: int, pos_grid: Tuple[int, int],
+                 blocks: List[LaplacianFormerBlock], drop_rate: float = 0.0):
+        super().__init__()
+        self.patch_embed = patch_embed
+        self.pos_grid = tuple(pos_grid)
+        self.pos_embed = nn.Parameter(torch.zeros(1, pos_grid[0] * pos_grid[1], embed_dims))
+        self.pos_drop = nn.Dropout(drop_rate)
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        x = self.patch_embed(x)
+        hw_shape = (x.shape[2], x.shape[3])
+        x = x.flatten(2).transpose(1, 2)
+        x = self.pos_drop(x + resize_pos_embed(self.pos_embed, self.pos_grid, hw_shape).to(x.dtype))
+        for block in self.blocks:
+            x = block(x, hw_shape)
+        return x, hw_shape
+
+
+def _soft_stem(in_channels: int, stem_channels: int, out_channels: int, conv_norm_cfg: dict):
+    """SOFT's stem: 3x3 s2 -> 3x3 s1 -> 3x3 s2 convs, each + BN + ReLU; stride 4."""
+    return nn.Sequential(
+        ConvModule(in_channels, stem_channels, 3, stride=2, padding=1, norm_cfg=conv_norm_cfg),
+        ConvModule(stem_channels, stem_channels, 3, stride=1, padding=1, norm_cfg=conv_norm_cfg),
+        ConvModule(stem_channels, out_channels, 3, stride=2, padding=1, norm_cfg=conv_norm_cfg))
+
+
+@MODELS.register_module()
+class LaplacianFormer(BaseModule):
+    """LaplacianFormer backbone (``type='mmlinattn.LaplacianFormer'``).
+
+    Stage i runs at stride ``4 * 2^i`` with ``embed_dims[i]`` channels, ``num_heads[i]`` heads of
+    dim 32, ``depths[i]`` blocks of :class:`LaplacianAttention` with landmark pooling stride
+    ``landmark_ratios[i]`` (8/4/2/1; 1 = exact attention) and a depthwise local branch of kernel
+    ``local_kernel_sizes[i]`` (9/5/3/3).
+
+    Any input size works: the stride-2 convs give ``ceil(H / stride)`` and the attention zero-pads q
+    to a multiple of its landmark stride, so no image padding and no cropping is needed. Output i is
+    ``[B, embed_dims[i], ceil(H / 2^(i+2)), ceil(W / 2^(i+2))]`` after its own LayerNorm.
+
+    Args:
+        arch: 'tiny' | 'small' | 'medium' | 'large' | 'huge', or a dict with ``embed_dims``,
+            ``num_heads``, ``depths`` (and optionally ``landmark_ratios``, ``local_kernel_sizes``).
+        in_channels: image channels.
+        stem_channels: width of the stem's first two convs.
+        mlp_ratio: FFN hidden width / embed dims.
+        lam: Laplacian kernel bandwidth.
+        pretrain_img_size: the input size the position embeddings are defined for.
+        drop_rate: dropout after position embedding, attention projection and FFN.
+        drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
+        ns_iters, ns_eps: Newton–Schulz steps and diagonal shift of the landmark Gram inverse.
+        out_indices: stages whose (normalised) outputs are returned.
+        frozen_stages: the first ``frozen_stages`` stages (with their stem/downsampling conv, position
+            embedding and output norm) get no gradients and stay in eval mode; -1 or 0 freezes nothing.
+        norm_eval: keep the BatchNorm layers (stem, downsampling) in eval mode during training.
+        with_cp: gradient checkpointing of every block.
+        norm_cfg: the blocks' and outputs' norm; conv_norm_cfg: the convs' norm.
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH_OR_URL[, prefix='backbone.'])`` loads
+            weights (``state_dict``/``model`` wrappers and a ``backbone.`` prefix are handled,
+            position embeddings are resized); None: truncated-normal init of the linear layers
+            and position embeddings.
+    """
+
+    arch_settings: Dict[str, dict] = {
+        'tiny': dict(embed_dims=[64, 128, 320, 512], num_heads=[2, 4, 10, 16], depths=[1, 2, 3, 2]),
+        'small': dict(embed_dims=[64, 128, 320, 512], num_heads=[2, 4, 10, 16], depths=[1, 3, 20, 4]),
+        'medium': dict(embed_dims=[64, 128, 288, 512], num_heads=[2, 4, 9, 16], depths=[1, 3, 29, 5]),
+        'large': dict(embed_dims=[64, 128, 320, 512], num_heads=[2, 4, 10, 16], depths=[1, 3, 40, 5]),
+        'huge': dict(embed_dims=[64, 128, 352, 512], num_heads=[2, 4, 11, 16], depths=[1, 5, 49, 5]),
+    }
+    default_landmark_ratios = (8, 4, 2, 1)
+    default_local_kernel_sizes = (9, 5, 3, 3)
+    num_stages = 4
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'tiny',
+                 in_channels: int = 3,
+                 stem_channels: int = 32,
+                 mlp_ratio: float = 4.0,
+                 lam: float = 4.0,
+                 pretrain_img_size: int = 224,
+                 drop_rate: float = 0.0,
+                 drop_path_rate: float = 0.1,
+                 ns_iters: int = 20,
+                 ns_eps: float = 1e-2,
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 frozen_stages: int = -1,
+                 norm_eval: bool = False,
+                 with_cp: bool = False,
+                 norm_cfg: dict = dict(type='LN', eps=1e-6),
+                 conv_norm_cfg: dict = dict(type='BN'),
+                 init_cfg=None):
+        super().__init__(init_cfg=init_cfg)
+        arch = self._parse_arch(arch)
+        self.embed_dims = list(arch['embed_dims'])
+        self.num_heads = list(arch['num_heads'])
+        self.depths = list(arch['depths'])
+        self.landmark_ratios = list(arch.get('landmark_ratios', self.default_landmark_ratios))
+        self.local_kernel_sizes = list(arch.get('local_kernel_sizes', self.default_local_kernel_sizes))
+        for name in ('embed_dims', 'num_heads', 'depths', 'landmark_ratios', 'local_kernel_sizes'):
+            if len(getattr(self, name)) != self.num_stages:
+                raise ValueError(f'arch {name} must have {self.num_stages} entries, got '
+                                 f'{getattr(self, name)}')
+        out_indices = tuple(i + self.num_stages if i < 0 else i for i in out_indices)
+        if not out_indices or any(not 0 <= i < self.num_stages for i in out_indices):
+            raise ValueError(f'out_indices must be a non-empty subset of 0..{self.num_stages - 1}, '
+                             f'got {out_indices}')
+        if not -1 <= frozen_stages <= self.num_stages:
+            raise ValueError(f'frozen_stages must be in -1..{self.num_stages}, got {frozen_stages}')
+        self.out_indices = out_indices
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.pretrain_img_size = pretrain_img_size
+
+        drop_path_rates = torch.linspace(0, drop_path_rate, sum(self.depths)).tolist()
+        self.stages = nn.ModuleList()
+        in_dims = in_channels
+        for i in range(self.num_stages):
+            dims, stride = self.embed_dims[i], 4 * 2**i
+            if i == 0:
+                patch_embed = _soft_stem(in_dims, stem_channels, dims, conv_norm_cfg)
+            else:
+                patch_embed = ConvModule(in_dims, dims, 3, stride=2, padding=1, norm_cfg=conv_norm_cfg,
+                                         act_cfg=None)
+            first = sum(self.depths[:i])
+            blocks = [
+                LaplacianFormerBlock(dims, self.num_heads[i], self.landmark_ratios[i],
+                                     self.local_kernel_sizes[i], mlp_ratio=mlp_ratio, lam=lam,
+                                     drop_rate=drop_rate, drop_path_rate=drop_path_rates[first + j],
+                                     ns_iters=ns_iters, ns_eps=ns_eps, norm_cfg=norm_cfg,
+                                     with_cp=with_cp) for j in range(self.depths[i])
+            ]
+            pos_grid = (-(-pretrain_img_size // stride), ) * 2
+            self.stages.append(LaplacianFormerStage(patch_embed, dims, pos_grid, blocks, drop_rate))
+            if i in self.out_indices:
+                self.add_module(f'norm{i}', build_norm_layer(norm_cfg, dims)[1])
+            in_dims = dims
+        self._freeze_stages()
+
+    @classmethod
+    def _parse_arch(cls, arch: Union[str, dict]) -> dict:
+        if isinstance(arch, str):
+            if arch.lower() not in cls.arch_settings:
+                raise ValueError(f'arch must be one of {sorted(cls.arch_settings)} or a dict, got {arch!r}')
+            return cls.arch_settings[arch.lower()]
+        if not isinstance(arch, dict):
+            raise ValueError(f'arch must be a str or a dict, got {type(arch).__name__}')
+        missing = {'embed_dims', 'num_heads', 'depths'} - set(arch)
+        if missing:
+            raise ValueError(f'arch dict misses {sorted(missing)}; got keys {sorted(arch)}')
+        return arch
+
+    def _frozen_modules(self) -> List[nn.Module]:
+        modules = []
+        for i in range(max(self.frozen_stages, 0)):
+            modules.append(self.stages[i])
+            if i in self.out_indices:
+                modules.append(getattr(self, f'norm{i}'))
+        return modules
+
+    def _freeze_stages(self) -> None:
+        for module in self._frozen_modules():
+            module.eval()
+            for param in module.parameters():
+                param.requires_grad = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for module in self.modules():
+                if isinstance(module, _BatchNorm):
+                    module.eval()
+        return self
+
+    def init_weights(self) -> None:
+        if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
+            self._load_pretrained(self.init_cfg['checkpoint'], self.init_cfg.get('prefix'))
+        elif self.init_cfg is None:
+            for module in self.modules():
+                if isinstance(module, nn.Linear):
+                    trunc_normal_(module.weight, std=0.02)
+                    if module.bias is not None:
+                        nn.init.zeros_(module.bias)
+            for stage in self.stages:
+                trunc_normal_(stage.pos_embed, std=0.02)
+        else:
+            super().init_weights()
+
+    def _load_pretrained(self, checkpoint: str, prefix: str = None) -> None:
+        ckpt = CheckpointLoader.load_checkpoint(checkpoint, map_location='cpu', logger='current')
+        state_dict = ckpt
+        for wrapper in ('state_dict', 'model'):
+            if isinstance(state_dict, dict) and isinstance(state_dict.get(wrapper), dict):
+                state_dict = state_dict[wrapper]
+                break
+        state_dict = {k[len('module.'):] if k.startswith('module.') else k: v
+                      for k, v in state_dict.items()}
+        if prefix is None and any(k.startswith('backbone.') for k in state_dict):
+            prefix = 'backbone.'
+        if prefix:
+            state_dict = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        for i, stage in enumerate(self.stages):
+            key = f'stages.{i}.pos_embed'
+            if key in state_dict and state_dict[key].shape != stage.pos_embed.shape:
+                src = int(round(state_dict[key].shape[1]**0.5))
+                state_dict[key] = resize_pos_embed(state_dict[key], (src, src), stage.pos_grid)
+        missing, unexpected = self.load_state_dict(state_dict, strict=False)
+        print_log(f'LaplacianFormer: loaded {checkpoint}; missing keys: {missing or "none"}; '
+                  f'unexpected keys: {unexpected or "none"}', logger='current')
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """x: [B, C_in, H, W] -> tuple of [B, embed_dims[i], ceil(H/s_i), ceil(W/s_i)], s_i = 4*2^i."""
+        outs = []
+        for i, stage in enumerate(self.stages):
+            tokens, (height, width) = stage(x)
+            if i in self.out_indices:
+                out = getattr(self, f'norm{i}')(tokens)
+                outs.append(out.transpose(1, 2).reshape(x.shape[0], -1, height, width).contiguous())
+            x = tokens.transpose(1, 2).reshape(x.shape[0], -1, height, width)
+        return tuple(outs)
