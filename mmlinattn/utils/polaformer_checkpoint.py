@@ -1,0 +1,193 @@
+"""Official PolaFormer checkpoints <-> this package's ``PolaPVT`` / ``PolaSwin`` keys.
+
+The official ImageNet files (github.com/ZacharyMeng/PolaFormer, built on the FLatten-Transformer
+and Swin code) are ``{'model': state_dict, ...}`` with
+
+- Pola-PVT: ``patch_embed{i}.{proj,norm}``, ``pos_embed{i}``, ``block{i}.{j}.{norm1,norm2,mlp.fc1,
+  mlp.fc2}``, ``block{i}.{j}.attn.{qg,kv,power,scale,positional_encoding,dwc,proj[,sr,norm]}``,
+  ``norm`` (built but never applied: the classifier averages the last stage's tokens) and ``head``;
+- Pola-Swin: ``patch_embed.{proj,norm}``, ``layers.{i}.blocks.{j}.{norm1,norm2,mlp.*}``,
+  ``layers.{i}.blocks.{j}.attn.{qkvg,power,scale,positional_encoding,dwc,proj}`` (linear stages) or
+  ``.attn.{qkv,relative_position_bias_table,proj}`` (window stages), ``layers.{i}.downsample.{norm,
+  reduction}``, the final ``norm`` and ``head``, plus the buffers ``...attn.relative_position_index``
+  and ``...blocks.{j}.attn_mask``.
+
+Our modules carry the same names, so converting only drops what the backbone does not hold (head,
+the unused PVT ``norm``, the buffers, which are recomputed) and renames Swin's final ``norm`` to
+``norm3`` (the backbone's stage-4 output norm, applied before the classifier's pooling, as in the
+official forward). With ``keep_head`` the result is an mmpretrain ``ImageClassifier`` state dict
+(``backbone.*`` and ``head.fc.*``).
+"""
+import re
+from collections import OrderedDict
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple
+
+import torch
+from torch import nn
+
+FAMILIES = ('pvt', 'swin')
+ARCHS = {
+    'pola_pvt_tiny': ('pvt', 'tiny'),
+    'pola_pvt_small': ('pvt', 'small'),
+    'pola_pvt_medium': ('pvt', 'medium'),
+    'pola_pvt_large': ('pvt', 'large'),
+    'pola_swin_tiny': ('swin', 'tiny'),
+    'pola_swin_small': ('swin', 'small'),
+    'pola_swin_base': ('swin', 'base'),
+}
+_BUFFER_SUFFIXES = ('.relative_position_index', '.attn_mask')
+_HEAD_KEYS = {'head.weight': 'head.fc.weight', 'head.bias': 'head.fc.bias'}
+
+
+def unwrap_state_dict(checkpoint: Mapping) -> Dict[str, torch.Tensor]:
+    """The state dict of a loaded checkpoint: under ``model`` or ``state_dict``, ``module.`` stripped."""
+    state_dict = checkpoint
+    for wrapper in ('model', 'state_dict'):
+        if isinstance(state_dict, Mapping) and isinstance(state_dict.get(wrapper), Mapping):
+            state_dict = state_dict[wrapper]
+            break
+    if not isinstance(state_dict, Mapping):
+        raise ValueError(f'a checkpoint must be a dict of tensors (optionally under "model" or '
+                         f'"state_dict"), got {type(state_dict).__name__}')
+    return OrderedDict((k[len('module.'):] if k.startswith('module.') else k, v)
+                       for k, v in state_dict.items())
+
+
+def detect_family(state_dict: Mapping) -> Optional[str]:
+    """'pvt' (``block1.*`` keys), 'swin' (``layers.0.blocks.*``) or None."""
+    keys = list(state_dict)
+    if any(re.match(r'(backbone\.)?block1\.\d+\.attn\.', k) for k in keys):
+        return 'pvt'
+    if any(re.match(r'(backbone\.)?layers\.0\.blocks\.\d+\.', k) for k in keys):
+        return 'swin'
+    return None
+
+
+def is_official_polaformer(state_dict: Mapping) -> bool:
+    """Whether the keys are laid out as the official files: a top-level ``head.*``/``norm.*`` or the
+    Swin buffers, none of which a state dict of this package's backbones or classifiers holds."""
+    if detect_family(state_dict) is None:
+        return False
+    return any(k in _HEAD_KEYS or k.startswith('norm.') or k.endswith(_BUFFER_SUFFIXES)
+               for k in state_dict)
+
+
+def convert_official(state_dict: Mapping, family: str,
+                     keep_head: bool = False) -> Tuple[Dict[str, torch.Tensor], Dict[str, str]]:
+    """Official keys -> ours. Returns ``(converted, dropped)``, ``dropped`` mapping key -> reason.
+
+    keep_head=False: backbone keys for dense prediction (the classifier head is dropped).
+    keep_head=True: an mmpretrain classifier state dict, ``backbone.<key>`` and ``head.fc.*``.
+    """
+    if family not in FAMILIES:
+        raise ValueError(f'family must be one of {FAMILIES}, got {family!r}')
+    state_dict = unwrap_state_dict(state_dict)
+    converted, dropped = OrderedDict(), OrderedDict()
+    for key, value in state_dict.items():
+        if key in _HEAD_KEYS:
+            if keep_head:
+                converted[_HEAD_KEYS[key]] = value
+            else:
+                dropped[key] = 'classifier head (dropped for dense prediction; --keep-head keeps it)'
+            continue
+        if key.endswith(_BUFFER_SUFFIXES):
+            dropped[key] = 'buffer, recomputed by the model'
+            continue
+        if key.startswith('norm.'):
+            if family == 'pvt':
+                dropped[key] = 'final norm, built but not applied by the official Pola-PVT'
+                continue
+            key = 'norm3.' + key[len('norm.'):]
+        converted[('backbone.' + key) if keep_head else key] = value
+    return converted, dropped
+
+
+def to_official(state_dict: Mapping, family: str, pretrain_img_size: int = 224,
+                window_size: int = 7) -> Dict[str, Dict[str, torch.Tensor]]:
+    """Ours -> the official layout ``{'model': ...}`` (the inverse of :func:`convert_official`).
+
+    ``state_dict``: a backbone's (built with ``out_indices=(3,)``) or a classifier's (``backbone.*``,
+    ``head.fc.*``). The official file's extra entries are recreated: for Pola-PVT the unused final
+    ``norm`` (identity weights), for Pola-Swin the ``relative_position_index`` buffers and the
+    ``attn_mask`` buffers of the shifted blocks at ``pretrain_img_size``.
+    """
+    from mmlinattn.models.layers.window_attention import relative_position_index, shifted_window_mask
+    if family not in FAMILIES:
+        raise ValueError(f'family must be one of {FAMILIES}, got {family!r}')
+    head = {official: state_dict[ours] for official, ours in _HEAD_KEYS.items() if ours in state_dict}
+    backbone = OrderedDict()
+    for key, value in state_dict.items():
+        if key in _HEAD_KEYS.values():
+            continue
+        key = key[len('backbone.'):] if key.startswith('backbone.') else key
+        backbone[key] = value
+    official = OrderedDict()
+    for key, value in backbone.items():
+        match = re.match(r'layers\.(\d+)\.blocks\.(\d+)\.attn\.relative_position_bias_table$', key)
+        if family == 'swin' and re.match(r'norm[012]\.', key):
+            continue  # dense-prediction output norms have no official counterpart
+        if family == 'swin' and key.startswith('norm3.'):
+            key = 'norm.' + key[len('norm3.'):]
+        official[key] = value
+        if family == 'swin' and match:
+            layer, block = int(match.group(1)), int(match.group(2))
+            prefix = f'layers.{layer}.blocks.{block}'
+            official[f'{prefix}.attn.relative_position_index'] = relative_position_index(window_size)
+            resolution = pretrain_img_size // 4 // 2**layer
+            if block % 2 == 1 and resolution > window_size:
+                official[f'{prefix}.attn_mask'] = shifted_window_mask(resolution, resolution,
+                                                                      window_size, window_size // 2)
+    if family == 'pvt':
+        last_dims = backbone['patch_embed4.proj.weight'].shape[0]
+        official['norm.weight'] = torch.ones(last_dims)
+        official['norm.bias'] = torch.zeros(last_dims)
+    official.update(head)
+    return {'model': official}
+
+
+def check_shapes(module: nn.Module, state_dict: Mapping, source: str = 'checkpoint') -> None:
+    """Raise ``ValueError`` naming the first key whose shape differs from the module's."""
+    own = module.state_dict()
+    for key, value in state_dict.items():
+        if key in own and tuple(own[key].shape) != tuple(value.shape):
+            raise ValueError(f'{source}: {key} has shape {list(value.shape)} but '
+                             f'{type(module).__name__} expects {list(own[key].shape)}')
+
+
+def load_checked(module: nn.Module, state_dict: Mapping, source: str = 'checkpoint',
+                 strict: bool = False) -> Tuple[List[str], List[str]]:
+    """``check_shapes`` then ``load_state_dict``; returns (missing keys, unexpected keys)."""
+    check_shapes(module, state_dict, source)
+    missing, unexpected = module.load_state_dict(state_dict, strict=strict)
+    return list(missing), list(unexpected)
+
+
+def backbone_state_dict(state_dict: Mapping, prefix: Optional[str] = None) -> Dict[str, torch.Tensor]:
+    """Keys under ``prefix`` (``'backbone.'`` when the dict is a whole model's and prefix is None)."""
+    if prefix is None and any(k.startswith('backbone.') for k in state_dict):
+        prefix = 'backbone.'
+    if not prefix:
+        return OrderedDict(state_dict)
+    return OrderedDict((k[len(prefix):], v) for k, v in state_dict.items() if k.startswith(prefix))
+
+
+def load_pretrained_polaformer(module: nn.Module, checkpoint: str, family: str,
+                               prefix: Optional[str] = None) -> Tuple[List[str], List[str], Dict[str, str]]:
+    """Load an official or converted PolaFormer checkpoint into a backbone (``init_cfg`` Pretrained).
+
+    Official files are recognised by their key names (:func:`is_official_polaformer`) and converted.
+    Returns (missing keys, unexpected keys, dropped keys -> reason); a shape mismatch raises.
+    """
+    from mmengine.runner.checkpoint import CheckpointLoader
+    state_dict = unwrap_state_dict(CheckpointLoader.load_checkpoint(checkpoint, map_location='cpu'))
+    dropped: Dict[str, str] = {}
+    if is_official_polaformer(state_dict):
+        state_dict, dropped = convert_official(state_dict, family)
+    state_dict = backbone_state_dict(state_dict, prefix)
+    missing, unexpected = load_checked(module, state_dict, source=checkpoint)
+    return missing, unexpected, dropped
+
+
+def format_keys(keys: Iterable[str]) -> str:
+    keys = list(keys)
+    return ', '.join(keys) if keys else 'none'
