@@ -1,0 +1,86 @@
+"""Convert an official PolaFormer ImageNet checkpoint to this package's keys.
+
+    python tools/convert_checkpoint.py pola_pvt_t.pth pretrained/pola_pvt_tiny.pth --arch pola_pvt_tiny
+    python tools/convert_checkpoint.py pola_swin_t.pth pola_swin_tiny_in1k.pth --arch pola_swin_tiny --keep-head
+
+Without ``--keep-head`` the output holds the backbone weights, for dense prediction:
+``model.backbone.init_cfg=dict(type='Pretrained', checkpoint=DST)`` (backbones also convert official
+files themselves when ``init_cfg`` points at one). With ``--keep-head`` it is an mmpretrain
+``ImageClassifier`` state dict (``backbone.*``, ``head.fc.*``) for ``configs/pola_*_8xb128_in1k.py``
+and ``tools/test.py``. The result is checked against the backbone built for ``--arch``: every dropped
+key is listed with the reason, missing and unexpected keys are listed by name (the command fails
+on them unless ``--allow-mismatch``), and a shape mismatch fails naming the key.
+"""
+import argparse
+import os.path as osp
+import sys
+from collections import OrderedDict
+
+import torch
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # the repository, if not installed
+from mmlinattn.utils.compat import load_local_checkpoint  # noqa: E402
+from mmlinattn.utils.polaformer_checkpoint import (ARCHS, backbone_state_dict, check_shapes,  # noqa: E402
+                                                   convert_official, format_keys, unwrap_state_dict)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('src', help='official checkpoint ({"model": state_dict, ...})')
+    parser.add_argument('dst', help='where to write the converted checkpoint')
+    parser.add_argument('--arch', required=True, choices=sorted(ARCHS), help='the model of SRC')
+    parser.add_argument('--keep-head', action='store_true',
+                        help='keep the 1000-class head and write an mmpretrain classifier state dict')
+    parser.add_argument('--allow-mismatch', action='store_true',
+                        help='write DST even if keys are missing or unexpected (they are still listed)')
+    return parser.parse_args(argv)
+
+
+def build_backbone(arch: str):
+    from mmlinattn.models.backbones import PolaPVT, PolaSwin
+    family, variant = ARCHS[arch]
+    backbone_type = PolaPVT if family == 'pvt' else PolaSwin
+    return backbone_type(arch=variant, out_indices=(3, ))
+
+
+def convert(src: str, arch: str, keep_head: bool):
+    """-> (converted state dict, dropped key -> reason, missing keys, unexpected keys)."""
+    family, _ = ARCHS[arch]
+    state_dict = unwrap_state_dict(load_local_checkpoint(src, map_location='cpu'))
+    converted, dropped = convert_official(state_dict, family, keep_head=keep_head)
+    backbone = build_backbone(arch)
+    weights = backbone_state_dict(converted, 'backbone.' if keep_head else '')
+    check_shapes(backbone, weights, source=src)
+    expected = set(backbone.state_dict())
+    missing = sorted(expected - set(weights))
+    unexpected = sorted(set(weights) - expected)
+    if keep_head:
+        head = {k: v for k, v in converted.items() if not k.startswith('backbone.')}
+        missing += sorted({'head.fc.weight', 'head.fc.bias'} - set(head))
+        unexpected += sorted(set(head) - {'head.fc.weight', 'head.fc.bias'})
+    return converted, dropped, missing, unexpected
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        converted, dropped, missing, unexpected = convert(args.src, args.arch, args.keep_head)
+    except (ValueError, FileNotFoundError) as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 1
+    for key, reason in dropped.items():
+        print(f'dropped {key}: {reason}')
+    print(f'missing keys: {format_keys(missing)}')
+    print(f'unexpected keys: {format_keys(unexpected)}')
+    if (missing or unexpected) and not args.allow_mismatch:
+        print(f'error: {args.src} does not match {args.arch}; nothing written '
+              '(--allow-mismatch writes it anyway)', file=sys.stderr)
+        return 1
+    meta = dict(source=args.src, arch=args.arch, keep_head=args.keep_head, converted_by='mmlinattn')
+    torch.save({'state_dict': OrderedDict(converted), 'meta': meta}, args.dst)
+    print(f'wrote {len(converted)} tensors to {args.dst}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
