@@ -202,7 +202,7 @@ def test_cuda_matches_reference(compiled, dtype, m):
     assert residual.max().item() <= 1e-4
     torch.testing.assert_close(residual.double(),
                                newton_schulz_residual_reference(a.float(), v_ref, EPS).double(),
-                               rtol=0.1, atol=2e-6)
+                               rtol=0.5, atol=1e-5)
 
 
 @pytest.mark.cuda

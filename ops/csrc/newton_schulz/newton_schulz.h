@@ -17,8 +17,8 @@ inline void check_args(const at::Tensor& a, int64_t iters, double eps) {
   TORCH_CHECK_VALUE(at::isFloatingType(a.scalar_type()), "a must be floating point, got ",
                     a.scalar_type());
   TORCH_CHECK_VALUE(iters >= 1, "iters must be a positive integer, got ", iters);
-  TORCH_CHECK_VALUE(eps >= 0 && std::isfinite(eps), "eps must be a non-negative finite number, got ",
-                    eps);
+  TORCH_CHECK_VALUE(eps >= 0 && std::isfinite(eps),
+                    "eps must be a non-negative finite number, got ", eps);
 }
 
 inline at::ScalarType compute_type(const at::Tensor& a) {

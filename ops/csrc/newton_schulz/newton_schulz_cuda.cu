@@ -1,0 +1,163 @@
+// CUDA Newton–Schulz inverse: fp32, fp16 and bf16 input, iterated in fp32.
+//
+// Small matrices (P, V and one work matrix fit in a block's opt-in shared memory: 3 M^2 floats,
+// M <= ~117 on A100, ~139 on H100/H200): one thread block per matrix runs all steps in shared
+// memory, a warp per matrix row, every entry summed in a fixed order. Larger M: the device-agnostic
+// batched-matmul path (cuBLAS through at::bmm / at::baddbmm), so M has no cap.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch_v2.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+
+#include "newton_schulz.h"
+
+namespace mmlinattn::newton_schulz {
+namespace {
+
+constexpr int kMaxThreads = 1024;
+constexpr int kMaxEntriesPerLane = 8;  // one warp holds a row of up to 32 * 8 entries
+
+// Row-major m x m matrices in shared memory: (X Y)_ij.
+__device__ __forceinline__ float product_entry(const float* x, const float* y, int m, int i,
+                                               int j) {
+  float sum = 0.f;
+  for (int kk = 0; kk < m; ++kk) sum += x[i * m + kk] * y[kk * m + j];
+  return sum;
+}
+
+// Deterministic block sum (fixed shuffle tree, then warps in order); valid in thread 0.
+__device__ float block_sum(float value, float* warp_sums) {
+  for (int offset = 16; offset > 0; offset /= 2)
+    value += __shfl_down_sync(0xffffffffu, value, offset);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_sums[warp] = value;
+  __syncthreads();
+  float total = 0.f;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < static_cast<int>(blockDim.x) / 32; ++w) total += warp_sums[w];
+  return total;
+}
+
+// One block per matrix; blockDim.x is a multiple of 32. Products are computed a row per warp
+// (lanes over columns), so the update V' = 2V - (V P) V can overwrite row i of T = V P in place:
+// only the warp that owns row i reads it.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kMaxThreads)
+    newton_schulz_shared_kernel(const scalar_t* __restrict__ a, float* __restrict__ v_out,
+                                float* __restrict__ residual, int m, int iters, float eps) {
+  extern __shared__ float smem[];
+  __shared__ float warp_sums[kMaxThreads / 32];
+  __shared__ float inv_norm;
+  const int mm = m * m, tid = threadIdx.x, threads = blockDim.x;
+  const int lane = tid % 32, warp = tid / 32, warps = threads / 32;
+  float* p = smem;       // P = a + eps I
+  float* v = p + mm;     // iterate V
+  float* t = v + mm;     // work matrix
+  a += static_cast<int64_t>(blockIdx.x) * mm;
+  for (int e = tid; e < mm; e += threads)
+    p[e] = static_cast<float>(a[e]) + (e / m == e % m ? eps : 0.f);
+  __syncthreads();
+  // ||P||_inf: row sums in t[0..m), then the maximum in row order by thread 0.
+  for (int i = tid; i < m; i += threads) {
+    float row = 0.f;
+    for (int j = 0; j < m; ++j) row += fabsf(p[i * m + j]);
+    t[i] = row;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    float norm = 0.f;
+    for (int i = 0; i < m; ++i) norm = fmaxf(norm, t[i]);
+    inv_norm = 1.f / norm;
+  }
+  __syncthreads();
+  for (int e = tid; e < mm; e += threads) v[e] = (e / m == e % m) ? inv_norm : 0.f;
+  __syncthreads();
+  for (int it = 0; it < iters; ++it) {
+    for (int i = warp; i < m; i += warps)  // T = V P
+      for (int j = lane; j < m; j += 32) t[i * m + j] = product_entry(v, p, m, i, j);
+    __syncthreads();
+    for (int i = warp; i < m; i += warps) {  // T <- 2V - T V, row i by its own warp
+      float row[kMaxEntriesPerLane];
+#pragma unroll
+      for (int s = 0; s < kMaxEntriesPerLane; ++s) {
+        const int j = lane + 32 * s;
+        if (j < m) row[s] = 2.f * v[i * m + j] - product_entry(t, v, m, i, j);
+      }
+      __syncwarp();  // the whole row of T is read before any lane overwrites it
+#pragma unroll
+      for (int s = 0; s < kMaxEntriesPerLane; ++s) {
+        const int j = lane + 32 * s;
+        if (j < m) t[i * m + j] = row[s];
+      }
+    }
+    __syncthreads();
+    float* next = t;
+    t = v;
+    v = next;
+  }
+  float* v_dst = v_out + static_cast<int64_t>(blockIdx.x) * mm;
+  for (int e = tid; e < mm; e += threads) v_dst[e] = v[e];
+  if (residual == nullptr) return;
+  float sq = 0.f;  // ||I - P V||_F^2, each thread over its entries in a fixed order
+  for (int i = warp; i < m; i += warps)
+    for (int j = lane; j < m; j += 32) {
+      const float diff = (i == j ? 1.f : 0.f) - product_entry(p, v, m, i, j);
+      sq += diff * diff;
+    }
+  const float total = block_sum(sq, warp_sums);
+  if (tid == 0) residual[blockIdx.x] = sqrtf(total / static_cast<float>(m));
+}
+
+int shared_memory_limit() {
+  return static_cast<int>(at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin);
+}
+
+std::tuple<at::Tensor, at::Tensor> newton_schulz_inverse_cuda(const at::Tensor& a_in,
+                                                              int64_t iters, double eps,
+                                                              bool with_residual) {
+  check_args(a_in, iters, eps);
+  TORCH_CHECK_VALUE(a_in.scalar_type() == at::kFloat || a_in.scalar_type() == at::kHalf ||
+                        a_in.scalar_type() == at::kBFloat16,
+                    "newton_schulz_inverse on CUDA supports float32, float16 and bfloat16, got ",
+                    a_in.scalar_type());
+  const c10::cuda::CUDAGuard guard(a_in.device());
+  const at::Tensor a = a_in.contiguous();
+  const int64_t batch = a.size(0), m = a.size(1);
+  const auto options = a.options().dtype(at::kFloat);
+  if (a.numel() == 0)
+    return {at::empty(a.sizes(), options), at::zeros({with_residual ? batch : 0}, options)};
+  const int64_t smem_bytes = 3 * m * m * static_cast<int64_t>(sizeof(float));
+  const int64_t static_bytes = (kMaxThreads / 32 + 1) * static_cast<int64_t>(sizeof(float));
+  const bool fits =
+      m <= 32 * kMaxEntriesPerLane && smem_bytes + static_bytes <= shared_memory_limit();
+  if (!fits) return newton_schulz_batched_matmul(a, iters, eps, with_residual);
+  TORCH_CHECK(batch < (int64_t{1} << 31), "newton_schulz_inverse: batch too large");
+  at::Tensor v = at::empty(a.sizes(), options);
+  at::Tensor residual = at::empty({with_residual ? batch : 0}, options);
+  const int threads = static_cast<int>(std::min<int64_t>(kMaxThreads, 32 * m));  // a warp per row
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_V2(a.scalar_type(), "newton_schulz_inverse_cuda", AT_WRAP([&] {
+    auto kernel = newton_schulz_shared_kernel<scalar_t>;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem_bytes)));
+    kernel<<<static_cast<unsigned int>(batch), threads, smem_bytes, stream>>>(
+        a.const_data_ptr<scalar_t>(), v.mutable_data_ptr<float>(),
+        with_residual ? residual.mutable_data_ptr<float>() : nullptr, static_cast<int>(m),
+        static_cast<int>(iters), static_cast<float>(eps));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }), at::kFloat, at::kHalf, at::kBFloat16);
+  return {v, residual};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(mmlinattn, CUDA, m) {
+  m.impl("newton_schulz_inverse", &newton_schulz_inverse_cuda);
+}
+
+}  // namespace mmlinattn::newton_schulz
