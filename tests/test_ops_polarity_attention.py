@@ -240,9 +240,11 @@ BAD_CALLS = [
     ('batch', lambda q, k, v, p: (q, k[:1], v[:1], p), 'q and k must have the same batch size'),
     ('v batch', lambda q, k, v, p: (q, k, v[:1], p), 'q and v must have the same batch size'),
     ('heads', lambda q, k, v, p: (q, k, v[:, :1], p), 'q and v must have the same number of heads'),
-    ('k heads', lambda q, k, v, p: (q, k[:, :1], v, p), 'q and k must have the same number of heads'),
+    ('k heads', lambda q, k, v, p: (q, k[:, :1], v, p),
+     'q and k must have the same number of heads'),
     ('head dim', lambda q, k, v, p: (q, k[..., :3], v, p), 'q and k must have the same head dim'),
-    ('tokens', lambda q, k, v, p: (q, k, v[:, :, :4], p), 'k and v must have the same number of tokens'),
+    ('tokens', lambda q, k, v, p: (q, k, v[:, :, :4], p),
+     'k and v must have the same number of tokens'),
     ('odd dv', lambda q, k, v, p: (q, k, v[..., :5], p), 'v must have an even'),
     ('no keys', lambda q, k, v, p: (q, k[:, :, :0], v[:, :, :0], p), 'at least one token'),
     ('power shape', lambda q, k, v, p: (q, k, v, p[:, :3]), r'power must have shape \[3, 4\]'),
@@ -255,7 +257,8 @@ BAD_CALLS = [
 ]
 
 
-@pytest.mark.parametrize('mutate, message', [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS])
+@pytest.mark.parametrize('mutate, message', [c[1:] for c in BAD_CALLS],
+                         ids=[c[0] for c in BAD_CALLS])
 def test_bad_calls_raise_value_error(mutate, message):
     inputs = make_inputs(2, 3, 5, 6, 4, 6, torch.float32)
     with pytest.raises(ValueError, match=message):
@@ -277,8 +280,9 @@ def test_value_error_names_shapes():
 @pytest.mark.cuda
 @pytest.mark.parametrize('dtype, tol', [(torch.float32, 1e-4), (torch.float16, 2e-3),
                                         (torch.bfloat16, 1e-2)])
-@pytest.mark.parametrize('shape', [(1, 1, 1, 1, 1, 2), (2, 3, 7, 49, 16, 32), (2, 2, 333, 50, 32, 64),
-                                   (1, 2, 50, 333, 64, 64), (2, 1, 3136, 3136, 64, 64)])
+@pytest.mark.parametrize('shape', [(1, 1, 1, 1, 1, 2), (2, 3, 7, 49, 16, 32),
+                                   (2, 2, 333, 50, 32, 64), (1, 2, 50, 333, 64, 64),
+                                   (2, 1, 3136, 3136, 64, 64)])
 def test_cuda_matches_reference(compiled, shape, dtype, tol):
     inputs = make_inputs(*shape, dtype, device='cuda')
     check_against_reference(inputs, tol)

@@ -1,8 +1,8 @@
 """``polarity_linear_attention``: PolaFormer's polarity-aware linear attention as one fused op.
 
 Per batch and head, with ``x+ = relu(x)^p``, ``x- = relu(-x)^p`` (p per head and channel),
-``phi_s(q) = [q+, q-]``, ``phi_o(q) = [q-, q+]``, ``phi(k) = [k+, k-]``, ``v1, v2 = chunk(v, 2, -1)``,
-``z = mean_j phi(k_j)`` and ``kv_a = phi(k)^T v_a / n``::
+``phi_s(q) = [q+, q-]``, ``phi_o(q) = [q-, q+]``, ``phi(k) = [k+, k-]``,
+``v1, v2 = chunk(v, 2, -1)``, ``z = mean_j phi(k_j)`` and ``kv_a = phi(k)^T v_a / n``::
 
     out = [ phi_s(q) kv_1 / (phi_s(q).z + eps)  ||  phi_o(q) kv_2 / (phi_o(q).z + eps) ]
 
@@ -91,8 +91,9 @@ def polarity_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         k: [B, h, n, d] keys, scaled and with the positional encoding added.
         v: [B, h, n, dv] values, dv even: the first half feeds the same-sign stream, the second
             half the opposite-sign stream.
-        power: [h, d] or [1, h, 1, d] per head and channel exponents (> 0; PolaFormer uses
-            ``1 + 4 * sigmoid(theta)``); gradients flow to it.
+        power: [h, d] or [1, h, 1, d] per head and channel exponents (> 0, not checked as that
+            would sync the device; PolaFormer uses ``1 + 4 * sigmoid(theta)``), cast to q's
+            dtype; gradients flow to it.
         eps: added to both normalisers.
 
     Returns:

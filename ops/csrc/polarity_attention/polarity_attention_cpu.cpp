@@ -21,6 +21,11 @@ constexpr int64_t kTokenChunk = 256;
 
 int64_t num_chunks(int64_t tokens) { return (tokens + kTokenChunk - 1) / kTokenChunk; }
 
+// Items per thread for at::parallel_for so that a small reduction runs inline, not in a region.
+int64_t grain_for(int64_t work_per_item) {
+  return std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(work_per_item, 1));
+}
+
 at::ScalarType accumulate_type(at::ScalarType t) {
   return t == at::kDouble ? at::kDouble : at::kFloat;
 }
@@ -79,7 +84,8 @@ void reduce_key_state(const at::Tensor& k, const at::Tensor& v, const at::Tensor
   const at::Tensor v_rows = v.view({-1, dv});
   const scalar_t* k_ptr = k.data_ptr<scalar_t>();
   const scalar_t* p_ptr = power.data_ptr<scalar_t>();
-  at::parallel_for(0, partial.size(0), 1, [&](int64_t begin, int64_t end) {
+  const int64_t grain = grain_for(std::min(n, kTokenChunk) * 2 * d * dv);
+  at::parallel_for(0, partial.size(0), grain, [&](int64_t begin, int64_t end) {
     at::Tensor feat = at::empty({kTokenChunk, 2 * d}, k.options());
     at::Tensor values = at::empty({kTokenChunk, key_state_cols(dv)}, k.options());
     values.select(1, dv).fill_(1);
@@ -103,7 +109,7 @@ void build_query_state(const at::Tensor& partial, int64_t n, int64_t d, int64_t 
   const int64_t key_size = 2 * d * key_state_cols(dv), cols = query_state_cols(dv);
   const scalar_t* partial_ptr = partial.data_ptr<scalar_t>();
   scalar_t* state_ptr = state.data_ptr<scalar_t>();
-  at::parallel_for(0, bh_count, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, bh_count, grain_for(chunks * key_size), [&](int64_t begin, int64_t end) {
     std::vector<scalar_t> sum(key_size);
     for (int64_t bh = begin; bh < end; ++bh) {
       std::fill(sum.begin(), sum.end(), scalar_t(0));
@@ -131,7 +137,8 @@ void apply_query_state(const at::Tensor& q, const at::Tensor& power, const at::T
   const scalar_t* p_ptr = power.data_ptr<scalar_t>();
   scalar_t* out_ptr = out.data_ptr<scalar_t>();
   scalar_t* den_ptr = den.data_ptr<scalar_t>();
-  at::parallel_for(0, state_rows.size(0) * chunks, 1, [&](int64_t begin, int64_t end) {
+  const int64_t grain = grain_for(std::min(N, kTokenChunk) * 2 * d * dv);
+  at::parallel_for(0, state_rows.size(0) * chunks, grain, [&](int64_t begin, int64_t end) {
     at::Tensor feat = at::empty({kTokenChunk, 2 * d}, q.options());
     at::Tensor y = at::empty({kTokenChunk, cols}, q.options());
     for (int64_t index = begin; index < end; ++index) {
@@ -173,7 +180,8 @@ void query_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::T
   const scalar_t* den_ptr = den.data_ptr<scalar_t>();
   scalar_t* dq_ptr = dq.data_ptr<scalar_t>();
   scalar_t* dp_ptr = power_grad_partial.data_ptr<scalar_t>();
-  at::parallel_for(0, state_grad_partial.size(0), 1, [&](int64_t begin, int64_t end) {
+  const int64_t grain = grain_for(std::min(N, kTokenChunk) * 4 * d * dv);
+  at::parallel_for(0, state_grad_partial.size(0), grain, [&](int64_t begin, int64_t end) {
     at::Tensor feat = at::empty({kTokenChunk, 2 * d}, q.options());
     at::Tensor feat_grad = at::empty({kTokenChunk, 2 * d}, q.options());
     at::Tensor w = at::empty({kTokenChunk, cols}, q.options());
@@ -221,7 +229,7 @@ void build_key_state_grad(const at::Tensor& state_grad_partial, int64_t n, int64
   const int64_t size = 2 * d * query_state_cols(dv), cols = key_state_cols(dv);
   const scalar_t* partial_ptr = state_grad_partial.data_ptr<scalar_t>();
   scalar_t* key_grad_ptr = key_grad.data_ptr<scalar_t>();
-  at::parallel_for(0, bh_count, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, bh_count, grain_for(chunks * size), [&](int64_t begin, int64_t end) {
     std::vector<scalar_t> sum(size);
     for (int64_t bh = begin; bh < end; ++bh) {
       std::fill(sum.begin(), sum.end(), scalar_t(0));
@@ -251,7 +259,8 @@ void key_backward(const at::Tensor& k, const at::Tensor& v, const at::Tensor& po
   const scalar_t* p_ptr = power.data_ptr<scalar_t>();
   scalar_t* dk_ptr = dk.data_ptr<scalar_t>();
   scalar_t* dp_ptr = power_grad_partial.data_ptr<scalar_t>();
-  at::parallel_for(0, key_grad.size(0) * chunks, 1, [&](int64_t begin, int64_t end) {
+  const int64_t grain = grain_for(std::min(n, kTokenChunk) * 4 * d * dv);
+  at::parallel_for(0, key_grad.size(0) * chunks, grain, [&](int64_t begin, int64_t end) {
     at::Tensor feat = at::empty({kTokenChunk, 2 * d}, k.options());
     at::Tensor feat_grad = at::empty({kTokenChunk, 2 * d}, k.options());
     at::Tensor values = at::empty({kTokenChunk, key_state_cols(dv)}, k.options());
@@ -307,7 +316,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cpu(const at::Tensor& q_i
   at::Tensor state = at::empty({B, heads, 2 * d, query_state_cols(dv)}, q.options());
   at::Tensor den = at::empty({B, heads, N, 2}, q.options());
   if (bh_count == 0) return {out, state, den};
-  at::Tensor partial = at::empty({bh_count * num_chunks(n), 2 * d, key_state_cols(dv)}, q.options());
+  at::Tensor partial =
+      at::empty({bh_count * num_chunks(n), 2 * d, key_state_cols(dv)}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "polarity_linear_attention_forward_cpu", [&] {
     reduce_key_state<scalar_t>(k, v, power, partial);
     build_query_state<scalar_t>(partial, n, d, dv, state);

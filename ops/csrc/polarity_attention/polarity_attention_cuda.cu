@@ -71,14 +71,16 @@ struct QueryGradWeights {
 // partial[bh, chunk, r, col] = sum over the chunk's tokens of phi_r(x_t) w_t[col].
 // grid (bh, chunk, row tile x col tile); each thread owns 4 channels x 1 column, both polarities.
 template <typename scalar_t, typename Weights>
-__global__ void outer_reduce_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ power,
-                                    Weights weights, float* __restrict__ partial, int64_t heads,
-                                    int64_t tokens, int64_t d, int64_t cols, int64_t chunk_len) {
+__global__ void outer_reduce_kernel(const scalar_t* __restrict__ x,
+                                    const scalar_t* __restrict__ power, Weights weights,
+                                    float* __restrict__ partial, int64_t heads, int64_t tokens,
+                                    int64_t d, int64_t cols, int64_t chunk_len) {
   __shared__ float s_feat[kTileTokens][kTileRows];
   __shared__ float s_w[kTileTokens][kTileCols];
   const int64_t bh = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
   const int64_t col_tiles = ceil_div(cols, kTileCols);
-  const int64_t c0 = (blockIdx.z / col_tiles) * kTileRows, col0 = (blockIdx.z % col_tiles) * kTileCols;
+  const int64_t c0 = (blockIdx.z / col_tiles) * kTileRows;
+  const int64_t col0 = (blockIdx.z % col_tiles) * kTileCols;
   const int lane_col = threadIdx.x % kTileCols, group = threadIdx.x / kTileCols;  // 8 groups
   constexpr int kPerThread = kTileRows / (kThreads / kTileCols);                  // 4 channels
   const scalar_t* p = power + (bh % heads) * d;
@@ -88,7 +90,8 @@ __global__ void outer_reduce_kernel(const scalar_t* __restrict__ x, const scalar
     for (int i = threadIdx.x; i < kTileTokens * kTileRows; i += kThreads) {
       const int t = i / kTileRows, c = i % kTileRows;
       const bool valid = t0 + t < last && c0 + c < d;
-      s_feat[t][c] = valid ? signed_feature(static_cast<float>(x[(bh * tokens + t0 + t) * d + c0 + c]),
+      const int64_t index = (bh * tokens + t0 + t) * d + c0 + c;
+      s_feat[t][c] = valid ? signed_feature(static_cast<float>(x[index]),
                                             static_cast<float>(p[c0 + c]))
                            : 0.f;
     }
@@ -123,16 +126,18 @@ __global__ void outer_reduce_kernel(const scalar_t* __restrict__ x, const scalar
 }
 
 // M[bh] = query-state layout of sum_chunk partial[bh, chunk] / n (see query_state_source).
-__global__ void build_query_state_kernel(const float* __restrict__ partial, float* __restrict__ state,
-                                         int64_t bh_count, int64_t chunks, int64_t n, int64_t d,
-                                         int64_t dv) {
-  const int64_t cols = query_state_cols(dv), size = 2 * d * cols, key_size = 2 * d * key_state_cols(dv);
+__global__ void build_query_state_kernel(const float* __restrict__ partial,
+                                         float* __restrict__ state, int64_t bh_count,
+                                         int64_t chunks, int64_t n, int64_t d, int64_t dv) {
+  const int64_t cols = query_state_cols(dv), size = 2 * d * cols;
+  const int64_t key_size = 2 * d * key_state_cols(dv);
   const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (index >= bh_count * size) return;
   const int64_t bh = index / size, r = (index % size) / cols, col = index % cols;
   const int64_t src = query_state_source(r, col, d, dv);
   float sum = 0.f;
-  for (int64_t chunk = 0; chunk < chunks; ++chunk) sum += partial[(bh * chunks + chunk) * key_size + src];
+  for (int64_t chunk = 0; chunk < chunks; ++chunk)
+    sum += partial[(bh * chunks + chunk) * key_size + src];
   state[index] = sum / static_cast<float>(n);
 }
 
@@ -140,7 +145,8 @@ __global__ void build_query_state_kernel(const float* __restrict__ partial, floa
 __global__ void build_key_state_grad_kernel(const float* __restrict__ partial,
                                             float* __restrict__ key_grad, int64_t bh_count,
                                             int64_t chunks, int64_t n, int64_t d, int64_t dv) {
-  const int64_t cols = key_state_cols(dv), size = 2 * d * cols, query_size = 2 * d * query_state_cols(dv);
+  const int64_t cols = key_state_cols(dv), size = 2 * d * cols;
+  const int64_t query_size = 2 * d * query_state_cols(dv);
   const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (index >= bh_count * size) return;
   const int64_t bh = index / size, r = (index % size) / cols, col = index % cols;
@@ -154,11 +160,12 @@ __global__ void build_key_state_grad_kernel(const float* __restrict__ partial,
 // Normalise: out = [y[:m] / den_0, y[m:dv] / den_1], den = y[dv:dv+2] + eps (query forward).
 // Otherwise: out = y (dv of the key backward).
 template <typename scalar_t, bool Normalise>
-__global__ void feature_matmul_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ power,
+__global__ void feature_matmul_kernel(const scalar_t* __restrict__ x,
+                                      const scalar_t* __restrict__ power,
                                       const float* __restrict__ mat, scalar_t* __restrict__ out,
-                                      float* __restrict__ den, int64_t heads, int64_t tokens, int64_t d,
-                                      int64_t cols, int64_t mat_stride, int64_t dv, float eps,
-                                      int tile) {
+                                      float* __restrict__ den, int64_t heads, int64_t tokens,
+                                      int64_t d, int64_t cols, int64_t mat_stride, int64_t dv,
+                                      float eps, int tile) {
   extern __shared__ float smem[];
   float* s_feat = smem;             // [tile, d]
   float* s_y = smem + tile * d;     // [tile, cols]
@@ -201,14 +208,16 @@ __global__ void feature_matmul_kernel(const scalar_t* __restrict__ x, const scal
 // gden_t = (-g[:m].out[:m] / den_0, -g[m:].out[m:] / den_1): one warp per token.
 template <typename scalar_t>
 __global__ void query_den_grad_kernel(const scalar_t* __restrict__ grad_out,
-                                      const scalar_t* __restrict__ out, const float* __restrict__ den,
-                                      float* __restrict__ den_grad, int64_t rows, int64_t dv) {
+                                      const scalar_t* __restrict__ out,
+                                      const float* __restrict__ den, float* __restrict__ den_grad,
+                                      int64_t rows, int64_t dv) {
   const int64_t row = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
   float same = 0.f, opp = 0.f;
   for (int64_t col = lane; col < dv; col += 32) {
-    const float prod = static_cast<float>(grad_out[row * dv + col]) * static_cast<float>(out[row * dv + col]);
+    const float prod =
+        static_cast<float>(grad_out[row * dv + col]) * static_cast<float>(out[row * dv + col]);
     if (col < dv / 2) same += prod;
     else opp += prod;
   }
@@ -225,10 +234,11 @@ __global__ void query_den_grad_kernel(const scalar_t* __restrict__ grad_out,
 // For a tile of tokens: g = w_t . Mat[row(c, x_tc)] -> dx_tc = sign(x) p |x|^(p-1) g, and the
 // block's dpower partial sum_t g |x|^p log|x| (tokens summed in order).
 template <typename scalar_t, typename Weights>
-__global__ void feature_grad_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ power,
-                                    Weights weights, const float* __restrict__ mat,
-                                    scalar_t* __restrict__ dx, float* __restrict__ power_partial,
-                                    int64_t heads, int64_t tokens, int64_t d, int64_t cols, int tile) {
+__global__ void feature_grad_kernel(const scalar_t* __restrict__ x,
+                                    const scalar_t* __restrict__ power, Weights weights,
+                                    const float* __restrict__ mat, scalar_t* __restrict__ dx,
+                                    float* __restrict__ power_partial, int64_t heads,
+                                    int64_t tokens, int64_t d, int64_t cols, int tile) {
   extern __shared__ float smem[];
   float* s_w = smem;                // [tile, cols]
   float* s_dp = smem + tile * cols; // [tile, d]
@@ -267,7 +277,8 @@ __global__ void feature_grad_kernel(const scalar_t* __restrict__ x, const scalar
 
 // dpower[h, c] = sum over batches, then query blocks, then key blocks, in that order.
 __global__ void sum_power_partials_kernel(const float* __restrict__ query_partial,
-                                          const float* __restrict__ key_partial, float* __restrict__ dpower,
+                                          const float* __restrict__ key_partial,
+                                          float* __restrict__ dpower,
                                           int64_t batch, int64_t heads, int64_t d,
                                           int64_t query_blocks, int64_t key_blocks) {
   const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -276,15 +287,18 @@ __global__ void sum_power_partials_kernel(const float* __restrict__ query_partia
   float sum = 0.f;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t bh = b * heads + h;
-    for (int64_t blk = 0; blk < query_blocks; ++blk) sum += query_partial[(bh * query_blocks + blk) * d + c];
-    for (int64_t blk = 0; blk < key_blocks; ++blk) sum += key_partial[(bh * key_blocks + blk) * d + c];
+    for (int64_t blk = 0; blk < query_blocks; ++blk)
+      sum += query_partial[(bh * query_blocks + blk) * d + c];
+    for (int64_t blk = 0; blk < key_blocks; ++blk)
+      sum += key_partial[(bh * key_blocks + blk) * d + c];
   }
   dpower[index] = sum;
 }
 
 template <typename scalar_t, typename Weights>
 void launch_outer_reduce(const at::Tensor& x, const at::Tensor& power, Weights weights,
-                         at::Tensor& partial, int64_t cols, int64_t chunk_len, cudaStream_t stream) {
+                         at::Tensor& partial, int64_t cols, int64_t chunk_len,
+                         cudaStream_t stream) {
   const int64_t bh_count = x.size(0) * x.size(1), tokens = x.size(2), d = x.size(3);
   const dim3 grid(bh_count, partial.size(1), ceil_div(d, kTileRows) * ceil_div(cols, kTileCols));
   outer_reduce_kernel<scalar_t><<<grid, kThreads, 0, stream>>>(
@@ -379,7 +393,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda(
   const int query_tile = token_tile(d + query_cols), key_tile = token_tile(d + key_cols);
   const int64_t query_blocks = ceil_div(N, query_tile), key_blocks = ceil_div(n, key_tile);
   at::Tensor den_grad = at::empty({bh_count, N, 2}, f32);
-  at::Tensor state_grad_partial = at::zeros({bh_count, std::max<int64_t>(chunks, 1), 2 * d, query_cols}, f32);
+  // With N == 0 one zero chunk stands for the (empty) query side.
+  at::Tensor state_grad_partial =
+      at::zeros({bh_count, std::max<int64_t>(chunks, 1), 2 * d, query_cols}, f32);
   at::Tensor key_grad = at::empty({bh_count, 2 * d, key_cols}, f32);
   at::Tensor query_power_partial = at::empty({bh_count * query_blocks, d}, f32);
   at::Tensor key_power_partial = at::empty({bh_count * key_blocks, d}, f32);
@@ -388,13 +404,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda(
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(),
                                   "polarity_linear_attention_backward_cuda", [&] {
     if (N > 0) {
-      query_den_grad_kernel<scalar_t><<<ceil_div(bh_count * N * 32, kThreads), kThreads, 0, stream>>>(
+      const int64_t warps_blocks = ceil_div(bh_count * N * 32, kThreads);
+      query_den_grad_kernel<scalar_t><<<warps_blocks, kThreads, 0, stream>>>(
           grad_out.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), den.data_ptr<float>(),
           den_grad.data_ptr<float>(), bh_count * N, dv);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       const QueryGradWeights<scalar_t> weights{grad_out.data_ptr<scalar_t>(), den.data_ptr<float>(),
                                                den_grad.data_ptr<float>(), dv};
-      launch_outer_reduce<scalar_t>(q, power, weights, state_grad_partial, query_cols, chunk_len, stream);
+      launch_outer_reduce<scalar_t>(q, power, weights, state_grad_partial, query_cols, chunk_len,
+                                    stream);
       launch_feature_grad<scalar_t>(q, power, weights, state, dq, query_power_partial, query_cols,
                                     query_tile, stream);
     }
