@@ -1,9 +1,14 @@
-"""laplacian_kernel: compiled CPU/CUDA kernels against the pure-PyTorch reference, forward and backward.
+"""laplacian_kernel: compiled CPU/CUDA kernels against the pure-PyTorch reference, forward and
+backward.
 
-Inputs follow the model (DESIGN §5): q and k ~ N(0, 1/D), i.e. queries scaled by D^-1/2. Tests of the
-compiled path set MMLINATTN_OPS=compiled, so a missing extension fails them instead of silently
-testing the reference against itself.
+Inputs follow the model (DESIGN §5): q and k ~ N(0, 1/D), i.e. queries scaled by D^-1/2. Tests of
+the compiled path set MMLINATTN_OPS=compiled, so a missing extension fails them instead of
+silently testing the reference against itself.
 """
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -13,6 +18,8 @@ from mmlinattn.ops.reference import laplacian_kernel_reference
 SIZES = (1, 7, 49, 50, 333)
 HEAD_DIMS = (1, 16, 32, 33, 64)
 LAM = 4.0
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(TESTS_DIR)
 
 
 @pytest.fixture
@@ -90,7 +97,7 @@ def test_gradcheck_fp64(monkeypatch, mode):
 
 
 def test_ties_follow_reference_sign_convention(compiled):
-    """At exact ties (q row = k row, or single equal coordinates) sign(0) = 0, as in the reference."""
+    """At exact ties (q row = k row, or one equal coordinate) sign(0) = 0, as in the reference."""
     q, k = make_inputs(2, 1, 6, 5, 4, seed=4)
     with torch.no_grad():
         k[:, :, 0] = q[:, :, 2]  # whole rows equal
@@ -105,19 +112,27 @@ def test_ties_follow_reference_sign_convention(compiled):
     torch.testing.assert_close(dk, dk_ref, rtol=1e-12, atol=1e-15)
 
 
-def test_backward_is_deterministic_across_thread_counts(compiled):
-    """dk sums over more than one fixed query chunk (N > 1024) in a fixed order: bitwise equal."""
+def _thread_count_case():
     q, k = make_inputs(1, 2, 2100, 5, 8, torch.float32)
-    grad = torch.randn(1, 2, 2100, 5)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        single = run_op(q, k, grad)
-        torch.set_num_threads(max(2, threads))
-        multi = run_op(q, k, grad)
-    finally:
-        torch.set_num_threads(threads)
-    for a, b in zip(single, multi):
+    grad = torch.randn(1, 2, 2100, 5, generator=torch.Generator().manual_seed(1))
+    return q, k, grad
+
+
+def test_backward_is_deterministic_across_thread_counts(compiled, tmp_path):
+    """dk sums over more than one fixed query chunk (N > 1024) in a fixed order, so results are
+    bitwise equal for any thread count. The other count runs in a child process: changing
+    torch's thread count in-process breaks torch.linalg.inv for later tests on this platform."""
+    threads = 1 if torch.get_num_threads() > 1 else 3
+    out_file = tmp_path / 'single.pt'
+    script = (f'import sys, torch; sys.path.insert(0, {TESTS_DIR!r}); '
+              f'torch.set_num_threads({threads}); '
+              'import test_ops_laplacian_kernel as t; q, k, g = t._thread_count_case(); '
+              f'torch.save(t.run_op(q, k, g), {str(out_file)!r})')
+    env = dict(os.environ, MMLINATTN_OPS='compiled')
+    subprocess.run([sys.executable, '-c', script], check=True, env=env, cwd=REPO_ROOT)
+    other = torch.load(out_file)
+    here = run_op(*_thread_count_case())
+    for a, b in zip(here, other):
         assert torch.equal(a, b)
 
 
@@ -197,7 +212,8 @@ def _t(*shape, dtype=torch.float32, device='cpu'):
 @pytest.mark.parametrize('q,k,lam,match', [
     (_t(2, 3, 4), _t(2, 2, 3, 4), LAM, r'q must have 4 dimensions, got shape \[2x3x4\]'),
     (_t(2, 2, 3, 4), _t(1, 2, 2, 3, 4), LAM, r'k must have 4 dimensions, got shape \[1x2x2x3x4\]'),
-    (_t(2, 2, 5, 4), _t(3, 2, 3, 4), LAM, r'batch size .* got 2 and 3 .*\[2x2x5x4\] and \[3x2x3x4\]'),
+    (_t(2, 2, 5, 4), _t(3, 2, 3, 4), LAM,
+     r'batch size .* got 2 and 3 .*\[2x2x5x4\] and \[3x2x3x4\]'),
     (_t(2, 2, 5, 4), _t(2, 4, 3, 4), LAM, r'number of heads .* got 2 and 4'),
     (_t(2, 2, 5, 4), _t(2, 2, 3, 8), LAM, r'head dim .* got 4 and 8'),
     (_t(2, 2, 5, 4, dtype=torch.int64), _t(2, 2, 3, 4), LAM, r'q must be a floating-point .*int64'),
@@ -237,7 +253,8 @@ def test_compiled_backward_checks_shapes():
 
 # ---- CUDA (run by tools/gpu_check.sh; skipped without a GPU) ----
 
-CUDA_DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.float16, 2e-3, 5e-3), (torch.bfloat16, 1e-2, 3e-2)]
+CUDA_DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.float16, 2e-3, 5e-3),
+               (torch.bfloat16, 1e-2, 3e-2)]
 
 
 @pytest.mark.cuda

@@ -2,8 +2,9 @@
 
 Compiled kernel: ``torch.ops.mmlinattn.newton_schulz_inverse(a [B, M, M], iters, eps,
 with_residual) -> (V, residual)``, iterating in fp32 (fp64 for fp64 input) and returning V and
-the residual in that precision. CPU: fp32, fp64, fp16, bf16 (cast up). CUDA: fp32, fp16, bf16; one thread block per
-matrix in shared memory when the matrices fit, batched matrix products otherwise (any M).
+the residual in that precision. CPU: fp32, fp64, fp16, bf16 (cast up). CUDA: fp32, fp16, bf16;
+one thread block per matrix in shared memory when the matrices fit, batched matrix products
+otherwise (any M).
 Backward (exact at convergence, V = P^-1): ``grad_a = -V^T G V^T``.
 """
 import math

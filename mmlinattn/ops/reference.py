@@ -43,7 +43,7 @@ def newton_schulz_shifted_reference(a: torch.Tensor, eps: float) -> torch.Tensor
 
 
 def newton_schulz_residual_reference(a: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
-    """``||I - P V||_F / sqrt(M)`` per matrix, P = a + eps*I: a [..., M, M], v [..., M, M] -> [...]."""
+    """``||I - P V||_F / sqrt(M)`` per matrix, P = a + eps*I; a, v: [..., M, M] -> [...]."""
     dtype = _compute_dtype(a)
     p = newton_schulz_shifted_reference(a.to(dtype), eps)
     eye = torch.eye(a.shape[-1], dtype=dtype, device=a.device)
