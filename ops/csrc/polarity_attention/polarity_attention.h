@@ -3,8 +3,9 @@
 // Per batch b and head h (q [N,d], k [n,d], v [n,dv], p [d], m = dv/2), with a(x) = |x|^p and
 //   row(c, x) = c      when x > 0  (the x+ half of the feature),
 //             = c + d  when x < 0  (the x- half),   and nothing when x == 0,
-// the features phi(x) = [x+, x-] have exactly one non-zero entry per channel, so every pass below
-// works on d channels, not 2d, and never builds an [N, 2d] tensor.
+// the features phi(x) = [x+, x-] have at most one non-zero entry per channel. No pass builds an
+// [N, 2d] feature tensor: the CUDA kernels compute |x|^p on the fly and touch one row per channel;
+// the CPU kernels build one [256, 2d] tile per chunk of tokens and hand it to BLAS.
 //
 // Forward
 //   key pass:    S[r, :] = sum_j phi_r(k_j) [v_j, 1]                                  S: [2d, dv+1]

@@ -2,7 +2,9 @@
 // The algorithm and the saved state are described in polarity_attention.h.
 //
 // Work is split into fixed chunks of kTokenChunk tokens per (batch, head), run in parallel with
-// at::parallel_for (OpenMP); every reduction over tokens sums per-chunk partials in chunk order,
+// at::parallel_for (OpenMP). A chunk's features phi(x) go into a [kTokenChunk, 2d] scratch tile
+// (zero where the polarity does not match) that meets the states in at::mm (BLAS, single-threaded
+// inside the parallel region). Every reduction over tokens sums per-chunk partials in chunk order,
 // so the results do not depend on the number of threads.
 #include "polarity_attention/polarity_attention.h"
 
