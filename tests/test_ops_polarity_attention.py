@@ -163,7 +163,7 @@ def test_cpu_power_as_1_h_1_d(compiled):
 
 
 def _thread_count_case():
-    """Chunked keys and queries (700, 600 > 256 tokens): the partials are summed in a fixed order."""
+    """Chunked keys and queries (700, 600 > 256 tokens), partials summed in a fixed order."""
     inputs = make_inputs(2, 1, 700, 600, 8, 4, torch.float32)
     out, grads, _ = forward_backward(polarity_linear_attention, inputs)
     return [out, *grads]
