@@ -1,0 +1,12 @@
+# Pola-PVT-Tiny ImageNet-1k classifier, as the official one: the stride-32 tokens averaged (no norm)
+# and a linear head; 300 epochs, 8 GPUs x 128 images, drop path 0.1 (FLatten-PVT's setting,
+# the code the official model builds on).
+_base_ = ['./_base_/imagenet_adamw_300e.py']
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='mmlinattn.PolaPVT',
+        arch='tiny',
+        drop_path_rate=0.1,
+        out_indices=(3, )),
+    head=dict(in_channels=512))
