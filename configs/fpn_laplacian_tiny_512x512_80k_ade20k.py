@@ -1,0 +1,10 @@
+# Semantic FPN with LaplacianFormer-Tiny, ADE20K 512x512, 80k iterations.
+_base_ = ['./_base_/fpn_adamw_80k_ade20k.py']
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='mmlinattn.LaplacianFormer',
+        arch='tiny',
+        drop_path_rate=0.1,
+        out_indices=(0, 1, 2, 3)),
+    neck=dict(in_channels=[64, 128, 320, 512]))
