@@ -1,0 +1,80 @@
+"""Benchmarks: ``python tools/benchmark.py ops [--device cpu|cuda] [--repeats N] [--out F.json]``.
+
+Subcommands:
+- ``ops``: every op benchmark listed in ``OP_BENCHMARKS`` (modules under ``tools/benchmarks/``;
+  the contract is in ``tools/benchmarks/common.py``): time, peak memory, ratios against the plain
+  PyTorch formulation. Prints a table per module and writes JSON with ``--out``.
+
+A backbone benchmark (throughput, latency and peak memory against resolution) plugs in as one more
+entry of ``SUBCOMMANDS``: ``name: (add_arguments(parser), main(args) -> exit code)``.
+"""
+import argparse
+import os
+import sys
+
+TOOLS_DIR = os.path.dirname(os.path.abspath(__file__))
+for path in (os.path.dirname(TOOLS_DIR), TOOLS_DIR):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+import torch  # noqa: E402
+
+from benchmarks.common import environment, format_table, run_module, write_json  # noqa: E402
+
+OP_BENCHMARKS = [
+    'benchmarks.ops_laplacian',
+    'benchmarks.ops_polarity',
+]
+
+
+def add_ops_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu',
+                        choices=['cpu', 'cuda'], help='default: cuda when available')
+    parser.add_argument('--repeats', type=int, default=5,
+                        help='timed calls per case (median reported), after one warm-up call')
+    parser.add_argument('--only', nargs='+', metavar='MODULE',
+                        help='run only these modules of OP_BENCHMARKS, e.g. ops_laplacian')
+    parser.add_argument('--out', help='write the results as JSON to this file')
+
+
+def run_ops(args: argparse.Namespace) -> int:
+    if args.device == 'cuda' and not torch.cuda.is_available():
+        print('--device cuda: no CUDA device is available', file=sys.stderr)
+        return 2
+    modules = OP_BENCHMARKS
+    if args.only:
+        modules = [m for m in OP_BENCHMARKS if m.rsplit('.', 1)[-1] in args.only]
+        if not modules:
+            print(f'--only {args.only}: none of {OP_BENCHMARKS}', file=sys.stderr)
+            return 2
+    meta = dict(environment(), device=args.device, repeats=args.repeats)
+    print(f'# ops benchmark on {args.device}: ' + ', '.join(f'{k}={v}' for k, v in meta.items()))
+    sections = []
+    for name in modules:
+        print(f'{name}:')
+        sections.append(run_module(name, args.device, args.repeats))
+    for section in sections:
+        print()
+        print(format_table(section))
+    if args.out:
+        write_json(args.out, sections, meta)
+        print(f'\nJSON written to {args.out}')
+    return 0
+
+
+SUBCOMMANDS = {
+    'ops': (add_ops_arguments, run_ops),
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    sub = parser.add_subparsers(dest='command', required=True)
+    for name, (add_arguments, _) in SUBCOMMANDS.items():
+        add_arguments(sub.add_parser(name, help=f'{name} benchmark'))
+    args = parser.parse_args(argv)
+    return SUBCOMMANDS[args.command][1](args)
+
+
+if __name__ == '__main__':
+    sys.exit(main())
