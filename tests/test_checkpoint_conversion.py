@@ -177,3 +177,24 @@ def test_cli_fails_on_a_misshapen_key(official, tmp_path, capsys):
     assert _converter().main([src, dst, '--arch', 'pola_pvt_tiny']) == 1
     assert 'pos_embed2 has shape [1, 100, 128] but PolaPVT expects [1, 784, 128]' in capsys.readouterr().err
     assert not os.path.exists(dst)
+
+
+@pytest.mark.parametrize('family', ['pvt', 'swin'])
+def test_converted_classifier_is_the_official_one(family, official):
+    """Our backbone, pooled and passed through the head as the official forward does, equals the
+    mmpretrain classifier of the config loaded (strictly) from the --keep-head conversion."""
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmpretrain.registry import MODELS
+
+    model, path = official(family)
+    cfg = Config.fromfile(os.path.join(ROOT, 'configs', f'{FAMILIES[family][1]}_8xb128_in1k.py'))
+    init_default_scope('mmpretrain')
+    classifier = MODELS.build(cfg.model).eval()
+    converted, _ = convert_official(torch.load(path), family, keep_head=True)
+    classifier.load_state_dict(converted, strict=True)
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        pooled = model(x)[-1].mean(dim=(2, 3))  # PVT: no norm; Swin: norm3 is the official final norm
+        official_logits = pooled @ converted['head.fc.weight'].T + converted['head.fc.bias']
+        torch.testing.assert_close(classifier(x, mode='tensor'), official_logits, rtol=1e-5, atol=1e-5)
