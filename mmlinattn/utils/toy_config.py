@@ -2,8 +2,9 @@
 
 The overlays live in ``configs/_base_/datasets/toy_*.py``: per split a dict of dataset fields
 (``train_dataset``, ``val_dataset``, ``test_dataset``), optionally ``evaluator`` fields and
-``train_pipeline`` / ``test_pipeline``. :func:`use_toy_data` writes them into the innermost dataset of
-each dataloader (through wrappers such as ``RepeatDataset``) and into the evaluators.
+``train_pipeline`` / ``test_pipeline`` and ``num_classes=dict(real=R, toy=T)``. :func:`use_toy_data`
+writes them into the innermost dataset of each dataloader (through wrappers such as
+``RepeatDataset``) and into the evaluators, and resizes every head with ``num_classes == R`` to T.
 """
 import copy
 import os.path as osp
@@ -44,6 +45,17 @@ def _adapt_pipeline(toy_pipeline, original):
     return pipeline
 
 
+def _resize_heads(node, real: int, toy: int) -> None:
+    if isinstance(node, dict):
+        if node.get('num_classes') == real:
+            node['num_classes'] = toy
+        for value in node.values():
+            _resize_heads(value, real, toy)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            _resize_heads(value, real, toy)
+
+
 def use_toy_data(cfg: Config, configs_dir: str) -> Config:
     """Rewrite ``cfg`` in place so that it trains and evaluates on the toy set; returns ``cfg``."""
     overlay = Config.fromfile(toy_overlay_path(configs_dir, cfg.get('default_scope')))
@@ -62,4 +74,6 @@ def use_toy_data(cfg: Config, configs_dir: str) -> Config:
             for evaluator in (evaluators if isinstance(evaluators, list) else [evaluators]):
                 if isinstance(evaluator, dict) and 'ann_file' in evaluator:
                     evaluator.update(copy.deepcopy(overlay['evaluator']))
+    if 'num_classes' in overlay:
+        _resize_heads(cfg.model, overlay.num_classes['real'], overlay.num_classes['toy'])
     return cfg

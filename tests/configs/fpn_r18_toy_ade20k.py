@@ -5,10 +5,11 @@ model = dict(
     data_preprocessor=dict(size=crop_size),
     backbone=dict(depth=18, init_cfg=None),
     neck=dict(in_channels=[64, 128, 256, 512]))
-train_dataloader = dict(batch_size=2, num_workers=0)
-val_dataloader = dict(batch_size=1, num_workers=0)
-test_dataloader = val_dataloader
-train_cfg = dict(type='IterBasedTrainLoop', max_iters=2, val_interval=1000)
+train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False)
+test_dataloader = dict(batch_size=1, num_workers=0, persistent_workers=False)
+# No validation during the 2 training iterations; tools/test.py evaluates the checkpoint.
+val_dataloader = val_cfg = val_evaluator = None
+train_cfg = dict(type='IterBasedTrainLoop', max_iters=2)
 param_scheduler = [dict(type='ConstantLR', factor=1.0, by_epoch=False, begin=0, end=1000)]
 default_hooks = dict(
     logger=dict(interval=1),

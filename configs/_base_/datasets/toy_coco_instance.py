@@ -4,6 +4,8 @@
 # The toy images are 320-512 px, so they are trained and tested at 512 px instead of 1333x800.
 data_root = 'data/toy/coco/'
 metainfo = dict(classes=('circle', 'rectangle', 'triangle'))
+# Heads sized for COCO's 80 classes predict the toy set's 3 (CocoMetric maps labels to its categories).
+num_classes = dict(real=80, toy=3)
 train_dataset = dict(
     data_root=data_root,
     ann_file='annotations/instances_train2017.json',
