@@ -81,7 +81,7 @@ def test_stage_layout():
     assert all(isinstance(b.attn, PolarityAttention) for i in (0, 1) for b in swin.layers[i].blocks)
     assert all(isinstance(b.attn, ShiftedWindowAttention) for i in (2, 3) for b in swin.layers[i].blocks)
     assert [b.attn.shift_size for b in swin.layers[2].blocks] == [0, 3, 0, 3, 0, 3]
-    assert swin.layers[0].blocks[0].attn.pos_grid == (56, 56) and swin.layers[1].blocks[0].attn.pos_grid == (28, 28)
+    assert [swin.layers[i].blocks[0].attn.pos_grid for i in (0, 1)] == [(56, 56), (28, 28)]
     pvt = PolaPVT(arch='tiny')
     assert [pvt.block1[0].attn.pos_grid, pvt.block4[0].attn.pos_grid] == [(56, 56), (7, 7)]
     assert all(b.attn.sr_ratio == 1 for i in range(1, 5) for b in getattr(pvt, f'block{i}'))

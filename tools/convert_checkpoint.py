@@ -1,7 +1,7 @@
 """Convert an official PolaFormer ImageNet checkpoint to this package's keys.
 
     python tools/convert_checkpoint.py pola_pvt_t.pth pretrained/pola_pvt_tiny.pth --arch pola_pvt_tiny
-    python tools/convert_checkpoint.py pola_swin_t.pth pola_swin_tiny_in1k.pth --arch pola_swin_tiny --keep-head
+    python tools/convert_checkpoint.py pola_swin_t.pth pola_swin_t_in1k.pth --arch pola_swin_tiny --keep-head
 
 Without ``--keep-head`` the output holds the backbone weights, for dense prediction:
 ``model.backbone.init_cfg=dict(type='Pretrained', checkpoint=DST)`` (backbones also convert official

@@ -111,6 +111,7 @@ def to_official(state_dict: Mapping, family: str, pretrain_img_size: int = 224,
     ``norm`` (identity weights), for Pola-Swin the ``relative_position_index`` buffers and the
     ``attn_mask`` buffers of the shifted blocks at ``pretrain_img_size``.
     """
+    # imported here: the backbones import this module, so a top-level import of the layers would be circular
     from mmlinattn.models.layers.window_attention import relative_position_index, shifted_window_mask
     if family not in FAMILIES:
         raise ValueError(f'family must be one of {FAMILIES}, got {family!r}')

@@ -116,7 +116,8 @@ class PolaPVT(BaseModule):
                                            drop_path_rate=drop_path_rates[sum(self.depths[:i]) + j],
                                            with_cp=with_cp))
             self.add_module(f'patch_embed{i + 1}', PatchEmbed(in_dims, dims, patch_size))
-            self.register_parameter(f'pos_embed{i + 1}', nn.Parameter(torch.zeros(1, grid[0] * grid[1], dims)))
+            pos_embed = nn.Parameter(torch.zeros(1, grid[0] * grid[1], dims))
+            self.register_parameter(f'pos_embed{i + 1}', pos_embed)
             self.add_module(f'block{i + 1}', nn.ModuleList(blocks))
             in_dims = dims
         self._freeze_stages()
