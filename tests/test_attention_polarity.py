@@ -166,3 +166,32 @@ def test_bad_arguments_are_named():
         attn(torch.randn(1, 15, 16), (4, 4))
     with pytest.raises(ValueError, match='smaller than sr_ratio'):
         PolarityAttention(16, 2, (1, 1), sr_ratio=4)(torch.randn(1, 6, 16), (2, 3))
+
+
+@pytest.mark.parametrize('mode', ['reference', 'auto'])
+def test_get_flops_counts_the_op_as_the_reference_products(mode, monkeypatch):
+    """tools/get_flops.py: the fused op's handle gives the FLOPs of the reference's matmuls."""
+    import importlib.util
+    import os
+
+    from mmengine.analysis import FlopAnalyzer
+
+    from mmlinattn.ops import polarity_linear_attention
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location('get_flops', os.path.join(root, 'tools', 'get_flops.py'))
+    get_flops = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(get_flops)
+
+    class Op(torch.nn.Module):
+        def forward(self, q, k, v, power):
+            return polarity_linear_attention(q, k, v, power)
+
+    monkeypatch.setenv('MMLINATTN_OPS', mode)
+    batch, heads, num_q, num_kv, d, dv = 2, 3, 50, 40, 8, 6
+    inputs = (torch.randn(batch, heads, num_q, d), torch.randn(batch, heads, num_kv, d),
+              torch.randn(batch, heads, num_kv, dv), torch.rand(heads, d) + 1)
+    analyzer = FlopAnalyzer(Op(), inputs)
+    analyzer.set_op_handle(**get_flops.OP_HANDLES)
+    analyzer.unsupported_ops_warnings(False)
+    expected = batch * heads * (2 * num_kv * d * dv + 2 * num_q * d * dv + 4 * num_q * d)
+    assert analyzer.total() == expected

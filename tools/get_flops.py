@@ -13,6 +13,10 @@ normalisation layers are. The custom ops, traced either as their compiled ``auto
 - ``newton_schulz_inverse`` of [.., M, M] with ``iters`` steps: ``iters * 2 * M^3`` (two M x M
   products per step). The reference path's products are traced as ``aten::matmul`` and counted by
   the default matmul handle, to the same total.
+- ``polarity_linear_attention`` q [.., N, d], k [.., n, d], v [.., n, dv]: the products of the
+  reference, ``2*n*d*dv`` (the two [2d, dv/2] key-value states) ``+ 2*N*d*dv`` (queries against
+  them) ``+ 4*N*d`` (the two normalisers), per batch and head; powers and the key mean are
+  element-wise and not counted.
 
 Add a custom op by adding its trace names to ``OP_HANDLES`` (handle signature: jit input values,
 jit output values -> Counter of FLOPs by op name).
@@ -60,6 +64,15 @@ def newton_schulz_flops(inputs: List[Any], outputs: List[Any]) -> Counter:
     return Counter({'newton_schulz_inverse': iters * 2 * batch * a_shape[-1]**3})
 
 
+def polarity_linear_attention_flops(inputs: List[Any], outputs: List[Any]) -> Counter:
+    """q [.., N, d], k [.., n, d], v [.., n, dv]: ``batch * (2*n*d*dv + 2*N*d*dv + 4*N*d)``."""
+    q_shape, k_shape, v_shape = _tensor_shapes(inputs)[:3]
+    num_q, head_dims, num_kv, value_dims = q_shape[-2], q_shape[-1], k_shape[-2], v_shape[-1]
+    per_head = (2 * num_kv * head_dims * value_dims + 2 * num_q * head_dims * value_dims
+                + 4 * num_q * head_dims)
+    return Counter({'polarity_linear_attention': prod(q_shape[:-2]) * per_head})
+
+
 # trace name -> handle. Compiled ops appear as their autograd.Function (prim::PythonOp.<name>)
 # or, when called directly, as mmlinattn::<op>; reference paths as the aten ops they use.
 OP_HANDLES: Dict[str, Handle] = {
@@ -68,6 +81,8 @@ OP_HANDLES: Dict[str, Handle] = {
     'aten::cdist': laplacian_kernel_flops,  # the reference laplacian_kernel (p=1 distances)
     'prim::PythonOp.NewtonSchulzFunction': newton_schulz_flops,
     'mmlinattn::newton_schulz_inverse': newton_schulz_flops,
+    'prim::PythonOp._PolarityLinearAttention': polarity_linear_attention_flops,
+    'mmlinattn::polarity_linear_attention_forward': polarity_linear_attention_flops,
 }
 
 
