@@ -105,6 +105,19 @@ def test_module_shapes_for_sizes_not_divisible_by_the_landmark_ratio(hw_shape, r
         assert attn.landmarks(q, hw_shape).shape == (3, 2, num_landmarks, 32)
 
 
+def test_max_landmark_grid_caps_the_landmarks_and_changes_nothing_below_the_cap():
+    torch.manual_seed(0)
+    capped = LaplacianAttention(64, 2, landmark_ratio=4, local_kernel_size=5, max_landmark_grid=(3, 4))
+    plain = LaplacianAttention(64, 2, landmark_ratio=4, local_kernel_size=5)
+    plain.load_state_dict(capped.state_dict())
+    q = torch.randn(1, 2, 40 * 30, 32)
+    assert plain.landmarks(q, (40, 30)).shape == (1, 2, 10 * 8, 32)
+    assert capped.landmarks(q, (40, 30)).shape == (1, 2, 3 * 4, 32)
+    assert capped.landmarks(q[:, :, :9 * 13], (9, 13)).shape == (1, 2, 3 * 4, 32)
+    small = torch.randn(2, 12 * 16, 64)  # a 3x4 landmark grid: at the cap, no pooling
+    assert torch.equal(capped(small, (12, 16)), plain(small, (12, 16)))
+
+
 def test_newton_schulz_runs_in_fp32_under_bf16_autocast(monkeypatch):
     seen = []
     original = lap.newton_schulz_inverse
@@ -149,6 +162,7 @@ def test_compiled_ops_match_reference(monkeypatch, ratio):
     (dict(embed_dims=64, num_heads=2, landmark_ratio=0), 'landmark_ratio'),
     (dict(embed_dims=64, num_heads=2, landmark_ratio=2, local_kernel_size=4), 'local_kernel_size'),
     (dict(embed_dims=64, num_heads=2, landmark_ratio=2, lam=0.0), 'lam'),
+    (dict(embed_dims=64, num_heads=2, landmark_ratio=2, max_landmark_grid=0), 'max_landmark_grid'),
 ])
 def test_invalid_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):

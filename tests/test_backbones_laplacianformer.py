@@ -47,6 +47,17 @@ def test_large_inputs_forward_only(size):
     assert all(torch.isfinite(o).all() for o in outs)
 
 
+def test_max_landmark_grid_keeps_the_224_model_and_large_inputs_cheap(tiny_eval):
+    capped = tiny(drop_path_rate=0.0, max_landmark_grid=7).eval()
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        for out, ref in zip(capped(x), tiny_eval(x)):
+            assert torch.equal(out, ref)
+        outs = capped(torch.randn(1, 3, 512, 640))
+    assert [tuple(o.shape) for o in outs] == expected_shapes(1, 512, 640)
+    assert all(torch.isfinite(o).all() for o in outs)
+
+
 def test_backward_reaches_every_parameter():
     model = tiny(drop_path_rate=0.1).train()
     outs = model(torch.randn(2, 3, 64, 96))

@@ -1,5 +1,5 @@
 """LaplacianFormer: a four-stage pyramid of Laplacian-kernel Nyström attention blocks (DESIGN.md §5)."""
-from typing import Dict, List, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.utils.checkpoint as cp
@@ -25,13 +25,15 @@ class LaplacianFormerBlock(nn.Module):
     def __init__(self, embed_dims: int, num_heads: int, landmark_ratio: int, local_kernel_size: int,
                  mlp_ratio: float = 4.0, lam: float = 4.0, drop_rate: float = 0.0,
                  drop_path_rate: float = 0.0, ns_iters: int = 20, ns_eps: float = 1e-2,
+                 max_landmark_grid: Optional[Union[int, Tuple[int, int]]] = None,
                  norm_cfg: dict = dict(type='LN', eps=1e-6), with_cp: bool = False):
         super().__init__()
         self.with_cp = with_cp
         self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
         self.attn = LaplacianAttention(embed_dims, num_heads, landmark_ratio, lam=lam,
                                        local_kernel_size=local_kernel_size, proj_drop=drop_rate,
-                                       ns_iters=ns_iters, ns_eps=ns_eps)
+                                       ns_iters=ns_iters, ns_eps=ns_eps,
+                                       max_landmark_grid=max_landmark_grid)
         self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
         self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
         self.ffn = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate)
@@ -104,6 +106,10 @@ class LaplacianFormer(BaseModule):
         drop_rate: dropout after position embedding, attention projection and FFN.
         drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
         ns_iters, ns_eps: Newton–Schulz steps and diagonal shift of the landmark Gram inverse.
+        max_landmark_grid: None (DESIGN.md §5: ``ceil(H/s) * ceil(W/s)`` landmarks per head, which
+            grows with the input and makes large inputs cost ~m^3) or a cap such as 7, the grid of
+            a 224^2 input: the landmark conv output is average-pooled to at most that grid, which
+            leaves the 224^2 model unchanged and keeps the cost linear in the number of pixels.
         out_indices: stages whose (normalised) outputs are returned.
         frozen_stages: the first ``frozen_stages`` stages (with their stem/downsampling conv, position
             embedding and output norm) get no gradients and stay in eval mode; -1 or 0 freezes nothing.
@@ -138,6 +144,7 @@ class LaplacianFormer(BaseModule):
                  drop_path_rate: float = 0.1,
                  ns_iters: int = 20,
                  ns_eps: float = 1e-2,
+                 max_landmark_grid: Optional[Union[int, Tuple[int, int]]] = None,
                  out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
@@ -182,7 +189,8 @@ class LaplacianFormer(BaseModule):
                 LaplacianFormerBlock(dims, self.num_heads[i], self.landmark_ratios[i],
                                      self.local_kernel_sizes[i], mlp_ratio=mlp_ratio, lam=lam,
                                      drop_rate=drop_rate, drop_path_rate=drop_path_rates[first + j],
-                                     ns_iters=ns_iters, ns_eps=ns_eps, norm_cfg=norm_cfg,
+                                     ns_iters=ns_iters, ns_eps=ns_eps,
+                                     max_landmark_grid=max_landmark_grid, norm_cfg=norm_cfg,
                                      with_cp=with_cp) for j in range(self.depths[i])
             ]
             pos_grid = (-(-pretrain_img_size // stride), ) * 2

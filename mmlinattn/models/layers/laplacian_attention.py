@@ -10,7 +10,7 @@ Gram matrix is symmetric positive definite), a head computes
 With m = N landmarks equal to the tokens this is exactly ``D^-1 K(q, q) v`` (``D = diag(K 1)``);
 ``landmark_ratio=1`` computes that exact form directly.
 """
-from typing import Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -78,7 +78,10 @@ class LaplacianAttention(nn.Module):
     - ``q = W_q x * d^-1/2`` is both query and key; ``v = W_v x``.
     - landmarks ``q~ = GELU(LN(Conv2d(d, d, s, stride=s)(q as [B*h, d, H, W])))``, q zero-padded on
       the bottom/right to a multiple of s, so ``m = ceil(H/s) * ceil(W/s)``; the conv is shared
-      by the heads.
+      by the heads. ``max_landmark_grid=(gh, gw)`` average-pools the conv output to at most
+      ``gh x gw`` before the LN (``m <= gh*gw``): without it m grows with the image (``H*W/s^2``,
+      1050 per head at 800x1333) and the Newton–Schulz step (``2 m^3`` per iteration) dominates;
+      with the 224^2 grid (7x7) as cap, the 224^2 model is unchanged and the cost stays linear.
     - ``y = nystrom_laplacian_attention(q, q~, v)``; for ``s = 1`` the exact ``D^-1 K(q, q) v``.
     - ``out = W_o (y + DWConv_k(v))``, the local branch a depthwise k x k conv on v as an image.
 
@@ -92,23 +95,34 @@ class LaplacianAttention(nn.Module):
         proj_drop: dropout after the output projection.
         ns_iters, ns_eps: Newton–Schulz steps and diagonal shift of the Gram inverse.
         den_eps: lower clamp of the row normaliser.
+        max_landmark_grid: None (m = ceil(H/s) * ceil(W/s)) or an int / (gh, gw) cap on the
+            landmark grid.
 
     Shapes: ``forward(x [B, N, C], hw_shape=(H, W))`` with ``N = H*W`` -> [B, N, C].
     """
 
     def __init__(self, embed_dims: int, num_heads: int, landmark_ratio: int, lam: float = 4.0,
                  local_kernel_size: int = 3, qv_bias: bool = True, proj_drop: float = 0.0,
-                 ns_iters: int = 20, ns_eps: float = 1e-2, den_eps: float = 1e-6):
+                 ns_iters: int = 20, ns_eps: float = 1e-2, den_eps: float = 1e-6,
+                 max_landmark_grid: Optional[Union[int, Tuple[int, int]]] = None):
         super().__init__()
         if embed_dims % num_heads != 0:
             raise ValueError(f'embed_dims must be divisible by num_heads, got {embed_dims} and '
                              f'{num_heads}')
-        if isinstance(landmark_ratio, bool) or not isinstance(landmark_ratio, int) or landmark_ratio < 1:
+        if (isinstance(landmark_ratio, bool) or not isinstance(landmark_ratio, int)
+                or landmark_ratio < 1):
             raise ValueError(f'landmark_ratio must be a positive integer, got {landmark_ratio!r}')
         if not lam > 0:
             raise ValueError(f'lam must be positive, got {lam!r}')
         if local_kernel_size < 0 or (local_kernel_size and local_kernel_size % 2 == 0):
             raise ValueError(f'local_kernel_size must be odd (or 0 for none), got {local_kernel_size}')
+        if isinstance(max_landmark_grid, int):
+            max_landmark_grid = (max_landmark_grid, max_landmark_grid)
+        if max_landmark_grid is not None and (len(max_landmark_grid) != 2
+                                              or min(max_landmark_grid) < 1):
+            raise ValueError(f'max_landmark_grid must be None, a positive int or (gh, gw), got '
+                             f'{max_landmark_grid!r}')
+        self.max_landmark_grid = None if max_landmark_grid is None else tuple(max_landmark_grid)
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.head_dims = embed_dims // num_heads
@@ -134,16 +148,23 @@ class LaplacianAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f'num_heads={self.num_heads}, landmark_ratio={self.landmark_ratio}, lam={self.lam}, '
-                f'ns_iters={self.ns_iters}, ns_eps={self.ns_eps}')
+                f'ns_iters={self.ns_iters}, ns_eps={self.ns_eps}, '
+                f'max_landmark_grid={self.max_landmark_grid}')
 
     def landmarks(self, q: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        """q: [B, h, N, d] -> q~: [B, h, m, d], ``m = ceil(H/s) * ceil(W/s)``."""
+        """q: [B, h, N, d] -> q~: [B, h, m, d], ``m = ceil(H/s) * ceil(W/s)`` (capped, see above)."""
         batch, heads, _, head_dims = q.shape
         height, width = hw_shape
         s = self.landmark_ratio
         grid = q.reshape(batch * heads, height, width, head_dims).permute(0, 3, 1, 2)
         grid = F.pad(grid, (0, (-width) % s, 0, (-height) % s))
-        pooled = self.landmark_conv(grid).flatten(2).transpose(1, 2)  # [B*h, m, d]
+        pooled = self.landmark_conv(grid)  # [B*h, d, ceil(H/s), ceil(W/s)]
+        if self.max_landmark_grid is not None:
+            cap = tuple(min(size, limit)
+                        for size, limit in zip(pooled.shape[2:], self.max_landmark_grid))
+            if cap != tuple(pooled.shape[2:]):
+                pooled = F.adaptive_avg_pool2d(pooled, cap)
+        pooled = pooled.flatten(2).transpose(1, 2)  # [B*h, m, d]
         pooled = self.landmark_act(self.landmark_norm(pooled))
         return pooled.reshape(batch, heads, -1, head_dims)
 
