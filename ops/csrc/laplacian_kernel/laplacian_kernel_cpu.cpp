@@ -11,6 +11,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <tuple>
@@ -139,76 +140,104 @@ MMLINATTN_CPU_CLONES void forward_rows(const double* q, const double* kt, double
   forward_rows_impl<double>(q, kt, out, i0, i1, m, mp, d, s);
 }
 
+// g * sign(diff) with sign(0) = 0: g with its sign bit flipped by diff's, zero where diff == 0.
 template <typename T>
 MMLINATTN_INLINE T sign_times(T diff, T g) {
-  return (diff > T(0) ? g : T(0)) - (diff < T(0) ? g : T(0));
+  using Bits = typename ExpTraits<T>::Bits;
+  constexpr Bits kSignBit = Bits{1} << (sizeof(T) * 8 - 1);
+  const T flipped = std::bit_cast<T>(std::bit_cast<Bits>(g) ^ (std::bit_cast<Bits>(diff) & kSignBit));
+  return diff != T(0) ? flipped : T(0);
 }
 
 // dq for query rows [i0, i1) of one (b,h): dq_ic = -sum_j g_ij sign(q_ic - k_jc).
-// Dim is the head dim when known at compile time (0: runtime d).
+// Dim is the head dim when known at compile time (then q_i and the sums live in registers);
+// 0 means a runtime d, summed in place in dq. g_row holds M values.
 template <typename T, int64_t Dim>
 MMLINATTN_INLINE void dq_rows_impl(const T* grad, const T* out, const T* q, const T* k, T* dq,
                                    int64_t i0, int64_t i1, int64_t m, int64_t d_runtime,
-                                   T inv_lam) {
+                                   T inv_lam, T* g_row) {
   const int64_t d = Dim > 0 ? Dim : d_runtime;
   for (int64_t i = i0; i < i1; ++i) {
+#pragma omp simd
+    for (int64_t j = 0; j < m; ++j) g_row[j] = grad[i * m + j] * out[i * m + j] * inv_lam;
     const T* qi = q + i * d;
     T* dqi = dq + i * d;
+    if constexpr (Dim > 0) {
+      T qv[Dim], acc[Dim];
+      for (int64_t c = 0; c < Dim; ++c) qv[c] = qi[c], acc[c] = T(0);
+      for (int64_t j = 0; j < m; ++j) {
+        const T g = g_row[j];
+        const T* kj = k + j * Dim;
 #pragma omp simd
-    for (int64_t c = 0; c < d; ++c) dqi[c] = T(0);
-    for (int64_t j = 0; j < m; ++j) {
-      const T g = grad[i * m + j] * out[i * m + j] * inv_lam;
-      const T* kj = k + j * d;
+        for (int64_t c = 0; c < Dim; ++c) acc[c] -= sign_times(qv[c] - kj[c], g);
+      }
+      for (int64_t c = 0; c < Dim; ++c) dqi[c] = acc[c];
+    } else {
+      for (int64_t c = 0; c < d; ++c) dqi[c] = T(0);
+      for (int64_t j = 0; j < m; ++j) {
+        const T g = g_row[j];
+        const T* kj = k + j * d;
 #pragma omp simd
-      for (int64_t c = 0; c < d; ++c) dqi[c] -= sign_times(qi[c] - kj[c], g);
+        for (int64_t c = 0; c < d; ++c) dqi[c] -= sign_times(qi[c] - kj[c], g);
+      }
     }
   }
 }
 
 template <typename T>
 MMLINATTN_INLINE void dq_rows_dispatch(const T* grad, const T* out, const T* q, const T* k, T* dq,
-                                       int64_t i0, int64_t i1, int64_t m, int64_t d, T inv_lam) {
+                                       int64_t i0, int64_t i1, int64_t m, int64_t d, T inv_lam,
+                                       T* g_row) {
   switch (d) {
-    case 16: return dq_rows_impl<T, 16>(grad, out, q, k, dq, i0, i1, m, d, inv_lam);
-    case 32: return dq_rows_impl<T, 32>(grad, out, q, k, dq, i0, i1, m, d, inv_lam);
-    case 64: return dq_rows_impl<T, 64>(grad, out, q, k, dq, i0, i1, m, d, inv_lam);
-    default: return dq_rows_impl<T, 0>(grad, out, q, k, dq, i0, i1, m, d, inv_lam);
+    case 16: return dq_rows_impl<T, 16>(grad, out, q, k, dq, i0, i1, m, d, inv_lam, g_row);
+    case 32: return dq_rows_impl<T, 32>(grad, out, q, k, dq, i0, i1, m, d, inv_lam, g_row);
+    case 64: return dq_rows_impl<T, 64>(grad, out, q, k, dq, i0, i1, m, d, inv_lam, g_row);
+    default: return dq_rows_impl<T, 0>(grad, out, q, k, dq, i0, i1, m, d, inv_lam, g_row);
   }
 }
 
 MMLINATTN_CPU_CLONES void dq_rows(const float* grad, const float* out, const float* q,
                                   const float* k, float* dq, int64_t i0, int64_t i1, int64_t m,
-                                  int64_t d, float inv_lam) {
-  dq_rows_dispatch<float>(grad, out, q, k, dq, i0, i1, m, d, inv_lam);
+                                  int64_t d, float inv_lam, float* g_row) {
+  dq_rows_dispatch<float>(grad, out, q, k, dq, i0, i1, m, d, inv_lam, g_row);
 }
 MMLINATTN_CPU_CLONES void dq_rows(const double* grad, const double* out, const double* q,
                                   const double* k, double* dq, int64_t i0, int64_t i1, int64_t m,
-                                  int64_t d, double inv_lam) {
-  dq_rows_dispatch<double>(grad, out, q, k, dq, i0, i1, m, d, inv_lam);
+                                  int64_t d, double inv_lam, double* g_row) {
+  dq_rows_dispatch<double>(grad, out, q, k, dq, i0, i1, m, d, inv_lam, g_row);
 }
 
 // Partial dk for key rows [j0, j1) over query rows [i0, i1) of one (b,h):
-// dk_jc = sum_i g_ij sign(q_ic - k_jc), written (not accumulated) to dk.
+// dk_jc = sum_i g_ij sign(q_ic - k_jc), written (not accumulated) to dk. kKeysPerTask key rows
+// at a time share each q_i load; with a compile-time Dim their sums live in registers.
 template <typename T, int64_t Dim>
 MMLINATTN_INLINE void dk_rows_impl(const T* grad, const T* out, const T* q, const T* k, T* dk,
                                    int64_t j0, int64_t j1, int64_t i0, int64_t i1, int64_t m,
                                    int64_t d_runtime, T inv_lam) {
   const int64_t d = Dim > 0 ? Dim : d_runtime;
+  constexpr int64_t kAccSize = Dim > 0 ? kKeysPerTask * Dim : 1;
   for (int64_t jb = j0; jb < j1; jb += kKeysPerTask) {
     const int64_t nj = std::min(kKeysPerTask, j1 - jb);
     T* dkb = dk + jb * d;
     const T* kb = k + jb * d;
-    for (int64_t t = 0; t < nj * d; ++t) dkb[t] = T(0);
+    T acc[kAccSize];
+    T* sums = Dim > 0 ? acc : dkb;
+    for (int64_t t = 0; t < nj * d; ++t) sums[t] = T(0);
     for (int64_t i = i0; i < i1; ++i) {
       const T* qi = q + i * d;
+      T gs[kKeysPerTask];
+      for (int64_t u = 0; u < kKeysPerTask; ++u)
+        gs[u] = u < nj ? grad[i * m + jb + u] * out[i * m + jb + u] * inv_lam : T(0);
       for (int64_t u = 0; u < nj; ++u) {
-        const T g = grad[i * m + jb + u] * out[i * m + jb + u] * inv_lam;
+        const T g = gs[u];
         const T* kj = kb + u * d;
-        T* dkj = dkb + u * d;
+        T* sj = sums + u * d;
 #pragma omp simd
-        for (int64_t c = 0; c < d; ++c) dkj[c] += sign_times(qi[c] - kj[c], g);
+        for (int64_t c = 0; c < d; ++c) sj[c] += sign_times(qi[c] - kj[c], g);
       }
     }
+    if constexpr (Dim > 0)
+      for (int64_t t = 0; t < nj * d; ++t) dkb[t] = acc[t];
   }
 }
 
@@ -273,11 +302,12 @@ void backward_dq_cpu(const at::Tensor& grad, const at::Tensor& out, const at::Te
   T* dq_ptr = dq.mutable_data_ptr<T>();
   const T inv_lam = T(1.0 / lam);
   at::parallel_for(0, bh * tiles, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<T> g_row(m);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / tiles, i0 = (t % tiles) * kRowsPerTask;
       const int64_t i1 = std::min(n, i0 + kRowsPerTask);
       dq_rows(g_ptr + b * n * m, o_ptr + b * n * m, q_ptr + b * n * d, k_ptr + b * m * d,
-              dq_ptr + b * n * d, i0, i1, m, d, inv_lam);
+              dq_ptr + b * n * d, i0, i1, m, d, inv_lam, g_row.data());
     }
   });
 }
