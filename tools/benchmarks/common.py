@@ -156,6 +156,8 @@ def run_module(module_name: str, device: str, repeats: int, log=print) -> Sectio
 
 
 def format_value(value: Any) -> str:
+    if value is None:
+        return '-'
     if isinstance(value, float):
         if value != value:  # NaN
             return '-'
@@ -165,7 +167,7 @@ def format_value(value: Any) -> str:
 
 def format_table(section: Section) -> str:
     """A plain-text table (Markdown pipe syntax, readable as is)."""
-    cells = [[format_value(row.get(col, '')) for col in section.columns] for row in section.rows]
+    cells = [[format_value(row.get(col)) for col in section.columns] for row in section.rows]
     widths = [max(len(col), *(len(r[i]) for r in cells)) if cells else len(col)
               for i, col in enumerate(section.columns)]
     line = lambda values: '| ' + ' | '.join(v.ljust(w) for v, w in zip(values, widths)) + ' |'

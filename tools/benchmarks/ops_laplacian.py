@@ -122,10 +122,6 @@ def summarise(results: Dict[str, Measurement], device: str) -> Section:
     if device == 'cpu':
         columns += ['% of 55G fwd', '% of 55G fwd+bwd']
     columns += ['speed-up fwd', 'speed-up fwd+bwd', 'peak fwd+bwd / cdist']
-    for row in rows:
-        for col in columns:
-            if row.get(col) is None:
-                row[col] = float('nan')
     notes = [
         'speed-up = time of the other implementation / time of the compiled op; for Newton-Schulz '
         'rows it is that row\'s time / the compiled Newton-Schulz time (> 1: compiled is faster).',
