@@ -101,7 +101,9 @@ def test_unknown_backbone_type_fails_clearly(tmp_path):
     require_toy_data('coco')
     proc = run(['tools/train.py', config, '--toy-data', '--work-dir', tmp_path], expect_ok=False)
     assert proc.returncode != 0
-    assert 'mmlinattn.NoSuchBackbone is not in the mmlinattn::model registry' in proc.output
+    assert ("error: model.backbone.type='mmlinattn.NoSuchBackbone' is not registered by mmlinattn; "
+            'registered types: ') in proc.output
+    assert 'LaplacianFormer' in proc.output and 'PolaPVT' in proc.output
 
 
 def test_missing_data_root_fails_clearly(tmp_path):

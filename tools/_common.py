@@ -44,7 +44,6 @@ def load_config(args) -> Config:
         from mmlinattn.utils import use_toy_data
         use_toy_data(cfg, CONFIGS_DIR)
     cfg.launcher = args.launcher
-    use_gloo_without_cuda(cfg)
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     if args.work_dir is not None:
         cfg.work_dir = args.work_dir
@@ -53,13 +52,47 @@ def load_config(args) -> Config:
     return cfg
 
 
-def use_gloo_without_cuda(cfg: Config) -> None:
-    """Distributed runs on machines without CUDA (CPU debugging) need gloo instead of nccl."""
+def _plugin_types(node, where='model'):
+    if isinstance(node, dict):
+        if isinstance(node.get('type'), str) and node['type'].startswith('mmlinattn.'):
+            yield where, node['type']
+        for key, value in node.items():
+            yield from _plugin_types(value, f'{where}.{key}')
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from _plugin_types(value, f'{where}.{i}')
+
+
+def check_plugin_types(cfg: Config) -> None:
+    """Name the config key and the registered choices when a ``mmlinattn.X`` type does not exist."""
+    from mmlinattn.registry import MODELS
+    for where, type_name in _plugin_types(cfg.get('model', {})):
+        if MODELS.get(type_name.split('.', 1)[1]) is None:
+            choices = ', '.join(sorted(MODELS.module_dict))
+            raise SystemExit(f'error: {where}.type={type_name!r} is not registered by mmlinattn; '
+                             f'registered types: {choices}')
+
+
+def init_cpu_distributed(cfg: Config) -> None:
+    """Distributed runs without CUDA (CPU debugging under torchrun).
+
+    mmengine 0.10.7's pytorch launcher calls ``torch.cuda.set_device`` unconditionally, and its DDP
+    wrapper passes ``device_ids=[local_rank]``, which DDP rejects for CPU modules. Without CUDA the
+    process group is initialised here with gloo (the Runner then skips its own initialisation) and
+    the model is wrapped with ``device_ids=None``.
+    """
     import torch
-    dist_cfg = cfg.get('env_cfg', {}).get('dist_cfg', {})
-    if cfg.launcher != 'none' and not torch.cuda.is_available() and dist_cfg.get('backend') == 'nccl':
-        print('[mmlinattn] no CUDA device: using the gloo backend for distributed training', flush=True)
-        cfg.env_cfg.dist_cfg.backend = 'gloo'
+    import torch.distributed as dist
+    if cfg.launcher != 'pytorch' or torch.cuda.is_available() or dist.is_initialized():
+        return
+    print('[mmlinattn] no CUDA device: using the gloo backend for distributed training', flush=True)
+    cfg.env_cfg.setdefault('dist_cfg', {})['backend'] = 'gloo'
+    dist.init_process_group(backend='gloo', rank=int(os.environ['RANK']),
+                            world_size=int(os.environ['WORLD_SIZE']))
+    if cfg.get('model_wrapper_cfg') is None:
+        cfg.model_wrapper_cfg = dict(
+            type='MMDistributedDataParallel', device_ids=None, broadcast_buffers=False,
+            find_unused_parameters=cfg.get('find_unused_parameters', False))
 
 
 def _dataset_roots(cfg: Config, splits):
@@ -89,6 +122,10 @@ def check_data_roots(cfg: Config, splits) -> None:
 
 
 def build_runner(cfg: Config):
+    """Check the plugin types, set up CPU-only distributed runs, then build the Runner."""
+    import mmlinattn  # noqa: F401  (registers the plugin before the config's custom_imports)
+    check_plugin_types(cfg)
+    init_cpu_distributed(cfg)
     from mmengine.registry import RUNNERS
     from mmengine.runner import Runner
     if 'runner_type' in cfg:

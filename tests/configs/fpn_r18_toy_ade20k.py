@@ -1,8 +1,6 @@
 # The toolchain check for mmseg: Semantic FPN with a ResNet-18 (V1c) backbone, random init, 2 iterations.
 _base_ = ['../../configs/_base_/fpn_adamw_80k_ade20k.py']
-crop_size = (256, 256)
 model = dict(
-    data_preprocessor=dict(size=crop_size),
     backbone=dict(depth=18, init_cfg=None),
     neck=dict(in_channels=[64, 128, 256, 512]))
 train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False)
