@@ -1,0 +1,213 @@
+"""Export a backbone (or a whole mmpretrain classifier) to ONNX and check it against PyTorch.
+
+    python tools/export_onnx.py CONFIG [CHECKPOINT] --out FILE.onnx [--classifier]
+        [--shape H W] [--check-shape H W ...] [--atol 1e-4] [--opset 17]
+
+- The model is the config's backbone (outputs ``out{i}``, one per ``out_indices`` entry,
+  ``[B, C_i, H_i, W_i]``) or, with ``--classifier``, the mmpretrain classifier from the normalised
+  image to the logits (``logits [B, num_classes]``; the data preprocessor's mean/std
+  normalisation is not part of the graph). Random weights without CHECKPOINT; with it, the
+  backbone loads it as its ``init_cfg`` Pretrained does (whole-model and official PolaFormer files
+  included), the classifier loads it strictly (an official PolaFormer file is converted with
+  its head).
+- The custom ops run in their pure-PyTorch reference form while exporting and checking
+  (``MMLINATTN_OPS=reference`` for the duration), so the graph holds standard ONNX operators
+  only; the Laplacian kernel's ``cdist(p=1)``, which has no ONNX translation, is exported in the
+  equivalent form :func:`mmlinattn.ops.reference.l1_distance_exportable`.
+- Exporter: the TorchScript exporter (``torch.onnx.export(..., dynamo=False)``), opset 17, with
+  dynamic batch, height and width. The dynamo exporter (torch.export) stops at the ops'
+  data-dependent argument checks (e.g. ``torch.isfinite(a).all()`` in ``newton_schulz_inverse``).
+- The graph is traced at ``--shape`` (default 256x320). Python branches on sizes are fixed at that
+  shape, so trace at a size where every stage takes its general path: not the pretraining size
+  (the position embeddings are resized only when the sizes differ) and, for Pola-Swin, more than
+  one 7x7 window in stages 3 and 4 (at least 225 pixels per side).
+- Check: onnxruntime (CPU) against PyTorch on the same seeded random input for the trace shape and
+  each ``--check-shape`` (default 224x224 and 320x256), with a batch of 2; prints the max abs
+  difference per output
+  and exits with 1 if any exceeds ``--atol`` or a shape differs.
+"""
+import argparse
+import contextlib
+import os
+import os.path as osp
+import sys
+import warnings
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+from mmlinattn.analysis.loading import build_backbone, build_classifier, load_config  # noqa: E402
+
+OPSET = 17
+
+
+@contextlib.contextmanager
+def reference_ops():
+    """The custom ops run their pure-PyTorch references inside (``MMLINATTN_OPS=reference``)."""
+    previous = os.environ.get('MMLINATTN_OPS')
+    os.environ['MMLINATTN_OPS'] = 'reference'
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ['MMLINATTN_OPS']
+        else:
+            os.environ['MMLINATTN_OPS'] = previous
+
+
+class ClassifierLogits(nn.Module):
+    """An mmpretrain classifier as ``image [B, 3, H, W] -> logits [B, num_classes]``."""
+
+    def __init__(self, classifier: nn.Module):
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.classifier(image, mode='tensor')
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('config')
+    parser.add_argument('checkpoint', nargs='?', help='weights (default: random initialisation)')
+    parser.add_argument('--out', required=True, help='the .onnx file to write')
+    parser.add_argument('--classifier',
+                        action='store_true',
+                        help='export the whole mmpretrain classifier (image -> logits)')
+    parser.add_argument('--shape',
+                        nargs=2,
+                        type=int,
+                        default=(256, 320),
+                        metavar=('H', 'W'),
+                        help='input size the graph is traced at (default: 256 320)')
+    parser.add_argument('--check-shape',
+                        nargs=2,
+                        type=int,
+                        action='append',
+                        metavar=('H', 'W'),
+                        help='another input size to compare onnxruntime with PyTorch on '
+                        '(repeatable; default: 224 224 and 320 256)')
+    parser.add_argument('--atol',
+                        type=float,
+                        default=1e-4,
+                        help='largest accepted max abs difference (default: 1e-4)')
+    parser.add_argument('--opset', type=int, default=OPSET, help=f'(default: {OPSET})')
+    parser.add_argument(
+        '--seed',
+        type=int,
+        default=0,
+        help='seed of the random weights (without CHECKPOINT) and inputs (default: 0)')
+    return parser.parse_args(argv)
+
+
+def build_model(config: str,
+                checkpoint: str = None,
+                classifier: bool = False,
+                seed: int = 0) -> Tuple[nn.Module, List[str]]:
+    """The module to export and its output names; random weights are drawn after
+    ``torch.manual_seed(seed)``."""
+    cfg = load_config(config)
+    torch.manual_seed(seed)
+    if classifier:
+        return ClassifierLogits(build_classifier(cfg, checkpoint)).eval(), ['logits']
+    backbone = build_backbone(cfg, checkpoint)
+    out_indices = getattr(backbone, 'out_indices', None)
+    if out_indices is None:
+        raise ValueError(f'{type(backbone).__name__} has no out_indices; cannot name its outputs')
+    return backbone, [f'out{i}' for i in out_indices]
+
+
+def export(model: nn.Module,
+           output_names: Sequence[str],
+           path: str,
+           shape: Tuple[int, int],
+           opset: int = OPSET) -> None:
+    """Trace ``model`` at ``[1, 3, *shape]`` with the reference ops; batch, H and W dynamic."""
+    example = torch.zeros(1, 3, *shape)
+    dynamic_axes = {'image': {0: 'batch', 2: 'height', 3: 'width'}}
+    dynamic_axes.update({name: {0: 'batch'} for name in output_names})
+    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+    with reference_ops(), torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings('ignore', category=torch.jit.TracerWarning)
+        warnings.filterwarnings('ignore', message='You are using the legacy TorchScript-based')
+        torch.onnx.export(model, (example, ),
+                          path,
+                          dynamo=False,
+                          opset_version=opset,
+                          input_names=['image'],
+                          output_names=list(output_names),
+                          dynamic_axes=dynamic_axes)
+    import onnx
+    onnx.checker.check_model(path)
+
+
+def compare(model: nn.Module,
+            path: str,
+            shapes: Sequence[Tuple[int, int]],
+            batch: int = 2,
+            seed: int = 0) -> List[Dict]:
+    """Max abs difference between onnxruntime and PyTorch (reference ops) per shape and output,
+    on a seeded random ``[batch, 3, H, W]`` input (batch 2 by default; the trace used 1)."""
+    import onnxruntime
+    session = onnxruntime.InferenceSession(path, providers=['CPUExecutionProvider'])
+    names = [o.name for o in session.get_outputs()]
+    results = []
+    for shape in shapes:
+        image = torch.randn(batch, 3, *shape, generator=torch.Generator().manual_seed(seed))
+        with reference_ops(), torch.no_grad():
+            expected = model(image)
+        expected = [expected] if isinstance(expected, torch.Tensor) else list(expected)
+        got = session.run(None, {'image': image.numpy()})
+        for name, ref, out in zip(names, expected, got):
+            ref = ref.numpy()
+            same_shape = ref.shape == out.shape
+            diff = float(np.abs(ref - out).max()) if same_shape else float('inf')
+            results.append(
+                dict(shape=tuple(shape),
+                     output=name,
+                     torch_shape=ref.shape,
+                     onnx_shape=out.shape,
+                     max_abs_diff=diff))
+    return results
+
+
+def report(results: Sequence[Dict], atol: float) -> int:
+    """Print one line per compared output; 0 if every difference is within ``atol``, else 1."""
+    failures = 0
+    for row in results:
+        ok = row['max_abs_diff'] <= atol
+        failures += not ok
+        print(
+            f'{row["shape"][0]}x{row["shape"][1]} {row["output"]}: onnx {list(row["onnx_shape"])} '
+            f'torch {list(row["torch_shape"])} max abs diff {row["max_abs_diff"]:.3g}' +
+            ('' if ok else f'  > atol {atol:g}'))
+    if failures:
+        print(f'FAILED: {failures} output(s) differ from PyTorch by more than {atol:g}')
+        return 1
+    sizes = len({row['shape'] for row in results})
+    print(f'OK: onnxruntime matches PyTorch within {atol:g} on {sizes} input sizes')
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    model, output_names = build_model(args.config, args.checkpoint, args.classifier, args.seed)
+    export(model, output_names, args.out, tuple(args.shape), args.opset)
+    print(
+        f'wrote {args.out} ({osp.getsize(args.out) / 2**20:.1f} MiB; TorchScript exporter, '
+        f'opset {args.opset}, dynamic batch/height/width, traced at '
+        f'{args.shape[0]}x{args.shape[1]})'
+    )
+    check_shapes = [tuple(args.shape)
+                    ] + [tuple(s) for s in (args.check_shape or [(224, 224), (320, 256)])]
+    return report(compare(model, args.out, check_shapes, seed=args.seed), args.atol)
+
+
+if __name__ == '__main__':
+    sys.exit(main())
