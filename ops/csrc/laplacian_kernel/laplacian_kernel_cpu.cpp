@@ -145,7 +145,8 @@ template <typename T>
 MMLINATTN_INLINE T sign_times(T diff, T g) {
   using Bits = typename ExpTraits<T>::Bits;
   constexpr Bits kSignBit = Bits{1} << (sizeof(T) * 8 - 1);
-  const T flipped = std::bit_cast<T>(std::bit_cast<Bits>(g) ^ (std::bit_cast<Bits>(diff) & kSignBit));
+  const Bits sign = std::bit_cast<Bits>(diff) & kSignBit;
+  const T flipped = std::bit_cast<T>(std::bit_cast<Bits>(g) ^ sign);
   return diff != T(0) ? flipped : T(0);
 }
 
@@ -266,18 +267,18 @@ MMLINATTN_CPU_CLONES void dk_rows(const double* grad, const double* out, const d
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Each op runs one parallel region (plus a small ordered sum for dk when N is large): under a
+// busy machine every extra fork/join waits for the slowest thread to be scheduled.
 template <typename T>
 void forward_cpu(const at::Tensor& q, const at::Tensor& k, at::Tensor& out, double lam) {
   const int64_t bh = q.size(0) * q.size(1), n = q.size(2), m = k.size(2), d = q.size(3);
   const int64_t mp = ceil_div(m, kTileJ) * kTileJ;
-  // Keys transposed and zero-padded per (b,h): kt[b*h][c][j].
+  // Keys transposed and zero-padded per (b,h): kt[b*h][c][j] (as small as k: done serially).
   std::vector<T> kt(bh * d * mp, T(0));
   const T* k_ptr = k.const_data_ptr<T>();
-  at::parallel_for(0, bh, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b)
-      for (int64_t j = 0; j < m; ++j)
-        for (int64_t c = 0; c < d; ++c) kt[(b * d + c) * mp + j] = k_ptr[(b * m + j) * d + c];
-  });
+  for (int64_t b = 0; b < bh; ++b)
+    for (int64_t j = 0; j < m; ++j)
+      for (int64_t c = 0; c < d; ++c) kt[(b * d + c) * mp + j] = k_ptr[(b * m + j) * d + c];
   const T* q_ptr = q.const_data_ptr<T>();
   T* out_ptr = out.mutable_data_ptr<T>();
   const int64_t tiles = ceil_div(n, kRowsPerTask);
@@ -292,58 +293,49 @@ void forward_cpu(const at::Tensor& q, const at::Tensor& k, at::Tensor& out, doub
   });
 }
 
+// dq tasks (query-row tiles) and dk tasks (key blocks x fixed query chunks, each writing its own
+// partial sum) in one parallel region; partial dk sums are then added in chunk order.
 template <typename T>
-void backward_dq_cpu(const at::Tensor& grad, const at::Tensor& out, const at::Tensor& q,
-                     const at::Tensor& k, at::Tensor& dq, double lam) {
+void backward_cpu(const at::Tensor& grad, const at::Tensor& out, const at::Tensor& q,
+                  const at::Tensor& k, at::Tensor* dq, at::Tensor* dk, double lam) {
   const int64_t bh = q.size(0) * q.size(1), n = q.size(2), m = k.size(2), d = q.size(3);
-  const int64_t tiles = ceil_div(n, kRowsPerTask);
   const T *g_ptr = grad.const_data_ptr<T>(), *o_ptr = out.const_data_ptr<T>();
   const T *q_ptr = q.const_data_ptr<T>(), *k_ptr = k.const_data_ptr<T>();
-  T* dq_ptr = dq.mutable_data_ptr<T>();
   const T inv_lam = T(1.0 / lam);
-  at::parallel_for(0, bh * tiles, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<T> g_row(m);
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / tiles, i0 = (t % tiles) * kRowsPerTask;
-      const int64_t i1 = std::min(n, i0 + kRowsPerTask);
-      dq_rows(g_ptr + b * n * m, o_ptr + b * n * m, q_ptr + b * n * d, k_ptr + b * m * d,
-              dq_ptr + b * n * d, i0, i1, m, d, inv_lam, g_row.data());
-    }
-  });
-}
-
-template <typename T>
-void backward_dk_cpu(const at::Tensor& grad, const at::Tensor& out, const at::Tensor& q,
-                     const at::Tensor& k, at::Tensor& dk, double lam) {
-  const int64_t bh = q.size(0) * q.size(1), n = q.size(2), m = k.size(2), d = q.size(3);
+  const int64_t dq_tiles = ceil_div(n, kRowsPerTask), dq_tasks = dq ? bh * dq_tiles : 0;
   const int64_t key_blocks = ceil_div(m, kKeysPerTask);
-  const int64_t chunks = std::max<int64_t>(1, ceil_div(n, kQueryChunk));
-  // One partial dk per query chunk ([chunks][bh][m][d]), summed in chunk order afterwards.
-  at::Tensor partial = chunks == 1 ? dk : at::empty({chunks, bh, m, d}, dk.options());
-  const T *g_ptr = grad.const_data_ptr<T>(), *o_ptr = out.const_data_ptr<T>();
-  const T *q_ptr = q.const_data_ptr<T>(), *k_ptr = k.const_data_ptr<T>();
-  T* p_ptr = partial.mutable_data_ptr<T>();
-  const T inv_lam = T(1.0 / lam);
-  const int64_t per_chunk = key_blocks * bh;
-  at::parallel_for(0, chunks * per_chunk, 1, [&](int64_t t0, int64_t t1) {
+  const int64_t chunks = ceil_div(n, kQueryChunk), per_chunk = key_blocks * bh;
+  const int64_t dk_tasks = dk ? chunks * per_chunk : 0;
+  // One partial dk per query chunk ([chunks][bh][m][d]), or dk itself for a single chunk.
+  at::Tensor partial = !dk ? at::Tensor() : chunks == 1 ? *dk : at::empty({chunks, bh, m, d},
+                                                                          dk->options());
+  T* dq_ptr = dq ? dq->mutable_data_ptr<T>() : nullptr;
+  T* p_ptr = dk ? partial.mutable_data_ptr<T>() : nullptr;
+  at::parallel_for(0, dq_tasks + dk_tasks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<T> g_row(dq ? m : 0);
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t chunk = t / per_chunk, b = (t % per_chunk) / key_blocks;
-      const int64_t j0 = (t % key_blocks) * kKeysPerTask, j1 = std::min(m, j0 + kKeysPerTask);
-      const int64_t i0 = chunk * kQueryChunk, i1 = std::min(n, i0 + kQueryChunk);
-      dk_rows(g_ptr + b * n * m, o_ptr + b * n * m, q_ptr + b * n * d, k_ptr + b * m * d,
-              p_ptr + (chunk * bh + b) * m * d, j0, j1, i0, i1, m, d, inv_lam);
+      if (t < dq_tasks) {
+        const int64_t b = t / dq_tiles, i0 = (t % dq_tiles) * kRowsPerTask;
+        dq_rows(g_ptr + b * n * m, o_ptr + b * n * m, q_ptr + b * n * d, k_ptr + b * m * d,
+                dq_ptr + b * n * d, i0, std::min(n, i0 + kRowsPerTask), m, d, inv_lam,
+                g_row.data());
+      } else {
+        const int64_t u = t - dq_tasks;
+        const int64_t chunk = u / per_chunk, b = (u % per_chunk) / key_blocks;
+        const int64_t j0 = (u % key_blocks) * kKeysPerTask, i0 = chunk * kQueryChunk;
+        dk_rows(g_ptr + b * n * m, o_ptr + b * n * m, q_ptr + b * n * d, k_ptr + b * m * d,
+                p_ptr + (chunk * bh + b) * m * d, j0, std::min(m, j0 + kKeysPerTask), i0,
+                std::min(n, i0 + kQueryChunk), m, d, inv_lam);
+      }
     }
   });
-  if (chunks == 1) return;
-  T* dk_ptr = dk.mutable_data_ptr<T>();
+  if (!dk || chunks == 1) return;
+  T* dk_ptr = dk->mutable_data_ptr<T>();
   const int64_t size = bh * m * d;
-  at::parallel_for(0, size, 4096, [&](int64_t e0, int64_t e1) {
-    for (int64_t e = e0; e < e1; ++e) {
-      T sum = p_ptr[e];
-      for (int64_t chunk = 1; chunk < chunks; ++chunk) sum += p_ptr[chunk * size + e];
-      dk_ptr[e] = sum;
-    }
-  });
+  for (int64_t e = 0; e < size; ++e) dk_ptr[e] = p_ptr[e];
+  for (int64_t chunk = 1; chunk < chunks; ++chunk)
+#pragma omp simd
+    for (int64_t e = 0; e < size; ++e) dk_ptr[e] += p_ptr[chunk * size + e];
 }
 
 at::Tensor laplacian_kernel_forward_cpu(const at::Tensor& q_in, const at::Tensor& k_in,
@@ -363,15 +355,18 @@ std::tuple<at::Tensor, at::Tensor> laplacian_kernel_backward_cpu(
   check_backward_args(grad_in, q_in, k_in, out_in, lam);
   const at::Tensor grad = grad_in.contiguous(), q = q_in.contiguous(), k = k_in.contiguous();
   const at::Tensor out = out_in.contiguous();
-  at::Tensor dq = need_dq ? at::zeros_like(q) : at::empty({0}, q.options());
-  at::Tensor dk = need_dk ? at::zeros_like(k) : at::empty({0}, k.options());
-  if (grad.numel() == 0) return {dq, dk};
+  // Every entry of dq and dk is written by the kernels unless there is nothing to sum over.
+  const bool empty_sum = grad.numel() == 0;
+  const auto make = [&](bool need, const at::Tensor& like) {
+    return !need ? at::empty({0}, like.options())
+                 : empty_sum ? at::zeros_like(like) : at::empty_like(like);
+  };
+  at::Tensor dq = make(need_dq, q), dk = make(need_dk, k);
+  if (empty_sum || (!need_dq && !need_dk)) return {dq, dk};
+  at::Tensor dk_flat = need_dk ? dk.view({k.size(0) * k.size(1), k.size(2), k.size(3)}) : dk;
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "laplacian_kernel_backward_cpu", [&] {
-    if (need_dq) backward_dq_cpu<scalar_t>(grad, out, q, k, dq, lam);
-    if (need_dk) {
-      at::Tensor dk_flat = dk.view({k.size(0) * k.size(1), k.size(2), k.size(3)});
-      backward_dk_cpu<scalar_t>(grad, out, q, k, dk_flat, lam);
-    }
+    backward_cpu<scalar_t>(grad, out, q, k, need_dq ? &dq : nullptr, need_dk ? &dk_flat : nullptr,
+                           lam);
   });
   return {dq, dk};
 }

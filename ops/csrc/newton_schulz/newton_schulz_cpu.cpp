@@ -2,10 +2,12 @@
 // path that the CUDA code uses for large matrices.
 //
 // CPU: P, V, and two work matrices per batch entry live in buffers [B][M][Mp] whose rows are
-// padded with zeros to Mp (a multiple of kCols), so every column tile is full width. Each step is
-// two parallel passes over (matrix, row block): T = V P, then V' = 2V - T V, each output tile an
-// 8 x 16 register block accumulated over k (vectorised over the 16 columns). Every entry is
-// reduced in a fixed order, so the result does not depend on the thread count.
+// padded with zeros to Mp (a multiple of kCols), so every column tile is full width. A step is
+// T = V P, then V' = 2V - T V, each output tile an 8 x 16 register block accumulated over k
+// (vectorised over the 16 columns). With at least as many matrices as threads, each thread runs
+// whole matrices through every step (one parallel region); otherwise each half step is split over
+// (matrix, row block). Every entry is reduced in a fixed order either way, so the result does not
+// depend on the thread count.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -97,20 +99,61 @@ MMLINATTN_CPU_CLONES void matmul_rows(const double* a, const double* b, const do
   matmul_rows_impl<double, false>(a, b, v, c, i0, i1, m, ld);
 }
 
-// C = A B (or 2V - A B) for every matrix of the batch, parallel over (matrix, row block).
+// The iteration on buffers [batch][m][ld] (P, V, T, W; padding columns zero). Every entry is a
+// product over k in a fixed order, whatever the partition into tasks, so the result does not
+// depend on the thread count.
 template <typename T>
-void batched_matmul(const T* a, const T* b, const T* v, T* c, int64_t batch, int64_t m,
-                    int64_t ld, bool update) {
-  const int64_t blocks = (m + kRowsPerTask - 1) / kRowsPerTask, stride = m * ld;
-  at::parallel_for(0, batch * blocks, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n = t / blocks, i0 = (t % blocks) * kRowsPerTask;
-      const int64_t off = n * stride;
-      matmul_rows(a + off, b + off, v + off, c + off, i0, std::min(m, i0 + kRowsPerTask), m, ld,
-                  update);
+class Iteration {
+ public:
+  Iteration(T* p, T* v, T* t, T* w, int64_t m, int64_t ld)
+      : p_(p), v_(v), t_(t), w_(w), m_(m), ld_(ld) {}
+
+  // P = a + eps*I for matrix n and V0 = I / ||P||_inf.
+  void init(int64_t n, const T* a, double eps) {
+    T* pn = p_ + n * stride();
+    T norm = T(0);
+    for (int64_t i = 0; i < m_; ++i) {
+      T row = T(0);
+      for (int64_t j = 0; j < m_; ++j) {
+        pn[i * ld_ + j] = a[(n * m_ + i) * m_ + j] + (i == j ? T(eps) : T(0));
+        row += std::abs(pn[i * ld_ + j]);
+      }
+      norm = std::max(norm, row);
     }
-  });
-}
+    for (int64_t i = 0; i < m_; ++i) v_[n * stride() + i * ld_ + i] = T(1) / norm;
+  }
+
+  // Rows [i0, i1) of one half step of matrix n: T = V P (first) or W = 2V - T V (second).
+  void half_step(int64_t n, bool second, int64_t i0, int64_t i1) {
+    const int64_t off = n * stride();
+    if (second)
+      matmul_rows(t_ + off, v_ + off, v_ + off, w_ + off, i0, i1, m_, ld_, /*update=*/true);
+    else
+      matmul_rows(v_ + off, p_ + off, v_ + off, t_ + off, i0, i1, m_, ld_, /*update=*/false);
+  }
+
+  void swap() { std::swap(v_, w_); }  // after both half steps of every matrix
+
+  // ||I - P V||_F / sqrt(M) of matrix n, with T as scratch.
+  T residual(int64_t n) {
+    const int64_t off = n * stride();
+    matmul_rows(p_ + off, v_ + off, v_ + off, t_ + off, 0, m_, m_, ld_, /*update=*/false);
+    double sum = 0;
+    for (int64_t i = 0; i < m_; ++i)
+      for (int64_t j = 0; j < m_; ++j) {
+        const double e = (i == j ? 1.0 : 0.0) - static_cast<double>(t_[off + i * ld_ + j]);
+        sum += e * e;
+      }
+    return static_cast<T>(std::sqrt(sum / static_cast<double>(m_)));
+  }
+
+  const T* v() const { return v_; }
+  int64_t stride() const { return m_ * ld_; }
+
+ private:
+  T *p_, *v_, *t_, *w_;
+  int64_t m_, ld_;
+};
 
 template <typename T>
 void newton_schulz_cpu_impl(const at::Tensor& a_in, int64_t iters, double eps, at::Tensor& v_out,
@@ -118,50 +161,50 @@ void newton_schulz_cpu_impl(const at::Tensor& a_in, int64_t iters, double eps, a
   const int64_t batch = a_in.size(0), m = a_in.size(1);
   const int64_t ld = (m + kCols - 1) / kCols * kCols;
   const auto options = a_in.options().dtype(c10::CppTypeToScalarType<T>::value);
-  // P and the iterate V, then two work matrices; all [batch][m][ld], padding columns zero.
   at::Tensor buffers = at::zeros({4, batch, m, ld}, options);
-  T* p = buffers[0].mutable_data_ptr<T>();
-  T* v = buffers[1].mutable_data_ptr<T>();
-  T* t = buffers[2].mutable_data_ptr<T>();
-  T* w = buffers[3].mutable_data_ptr<T>();
+  Iteration<T> it(buffers[0].mutable_data_ptr<T>(), buffers[1].mutable_data_ptr<T>(),
+                  buffers[2].mutable_data_ptr<T>(), buffers[3].mutable_data_ptr<T>(), m, ld);
   const at::Tensor a = a_in.to(options.dtype()).contiguous();
   const T* a_ptr = a.const_data_ptr<T>();
-  const int64_t stride = m * ld;
-  at::parallel_for(0, batch, 1, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      T* pn = p + n * stride;
-      T norm = T(0);
-      for (int64_t i = 0; i < m; ++i) {
-        T row = T(0);
-        for (int64_t j = 0; j < m; ++j) {
-          pn[i * ld + j] = a_ptr[(n * m + i) * m + j] + (i == j ? T(eps) : T(0));
-          row += std::abs(pn[i * ld + j]);
+  T* res = residual.numel() ? residual.mutable_data_ptr<T>() : nullptr;
+  if (batch >= at::get_num_threads()) {
+    // Enough matrices for every thread: one parallel region, each matrix run to the end alone.
+    at::parallel_for(0, batch, 1, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        Iteration<T> local = it;
+        local.init(n, a_ptr, eps);
+        for (int64_t step = 0; step < iters; ++step) {
+          local.half_step(n, false, 0, m);
+          local.half_step(n, true, 0, m);
+          local.swap();
         }
-        norm = std::max(norm, row);
+        if (res) res[n] = local.residual(n);
       }
-      for (int64_t i = 0; i < m; ++i) v[n * stride + i * ld + i] = T(1) / norm;
+    });
+    if (iters % 2) it.swap();  // where the local copies left V
+  } else {
+    // Few large matrices: split every half step over (matrix, row block).
+    const int64_t blocks = (m + kRowsPerTask - 1) / kRowsPerTask;
+    at::parallel_for(0, batch, 1, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) it.init(n, a_ptr, eps);
+    });
+    for (int64_t step = 0; step < iters; ++step) {
+      for (const bool second : {false, true})
+        at::parallel_for(0, batch * blocks, 1, [&](int64_t t0, int64_t t1) {
+          for (int64_t t = t0; t < t1; ++t) {
+            const int64_t i0 = (t % blocks) * kRowsPerTask;
+            it.half_step(t / blocks, second, i0, std::min(m, i0 + kRowsPerTask));
+          }
+        });
+      it.swap();
     }
-  });
-  for (int64_t it = 0; it < iters; ++it) {
-    batched_matmul<T>(v, p, v, t, batch, m, ld, /*update=*/false);  // T = V P
-    batched_matmul<T>(t, v, v, w, batch, m, ld, /*update=*/true);   // W = 2V - T V
-    std::swap(v, w);
+    if (res)
+      at::parallel_for(0, batch, 1, [&](int64_t n0, int64_t n1) {
+        for (int64_t n = n0; n < n1; ++n) res[n] = it.residual(n);
+      });
   }
-  v_out.copy_(buffers[v == buffers[1].const_data_ptr<T>() ? 1 : 3].narrow(2, 0, m));
-  if (!residual.numel()) return;
-  batched_matmul<T>(p, v, v, t, batch, m, ld, /*update=*/false);  // T = P V
-  T* res = residual.mutable_data_ptr<T>();
-  at::parallel_for(0, batch, 1, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      double sum = 0;
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < m; ++j) {
-          const double e = (i == j ? 1.0 : 0.0) - static_cast<double>(t[n * stride + i * ld + j]);
-          sum += e * e;
-        }
-      res[n] = static_cast<T>(std::sqrt(sum / static_cast<double>(m)));
-    }
-  });
+  const int64_t which = it.v() == buffers[1].const_data_ptr<T>() ? 1 : 3;
+  v_out.copy_(buffers[which].narrow(2, 0, m));
 }
 
 std::tuple<at::Tensor, at::Tensor> newton_schulz_inverse_cpu(const at::Tensor& a, int64_t iters,
