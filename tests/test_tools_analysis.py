@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from e2e_utils import ROOT, require_toy_data, run
 
 from mmlinattn.analysis import (attention_streams, laplacian_attention_rows, laplacian_inputs,
-                                layer_statistics, negative_mass, polarity_attention_rows,
-                                polarity_inputs, record_attentions, row_entropy, softmax_rows,
-                                token_index)
+                                layer_statistics, negative_mass, one_block_per_stage,
+                                polarity_attention_rows, polarity_inputs, record_attentions,
+                                row_entropy, softmax_rows, token_index)
 from mmlinattn.analysis.loading import build_backbone, load_config, load_image, normalisation
 from mmlinattn.models.layers import LaplacianAttention, PolarityAttention, resize_pos_embed
 from mmlinattn.ops.reference import l1_distance_exportable, laplacian_kernel_reference
@@ -368,3 +368,25 @@ def test_benchmark_plot_from_json(tmp_path):
     pixels = _png_pixels(png_path)
     assert pixels.shape[:2] == (840, 1040)
     assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 20
+
+
+def test_visualisation_loads_a_checkpoint(tmp_path):
+    """A whole-model checkpoint (``backbone.`` keys under ``state_dict``) of the seed-1 backbone
+    gives the entropies of the seed-1 random backbone, not those of the default seed 0."""
+    require_toy_data('coco')
+    cfg, backbone = _backbone(POLA_CONFIG, seed=1)
+    checkpoint = tmp_path / 'detector.pth'
+    torch.save({'state_dict': {f'backbone.{k}': v for k, v in backbone.state_dict().items()}},
+               checkpoint)
+    tool = _load_tool('visualize_attention')
+    assert tool.main([POLA_CONFIG, str(checkpoint), '--shape', '64', '64', '--points', '0.5,0.5',
+                      '--max-heads', '1', '--max-queries', '50', '--out', str(tmp_path)]) == 0
+    with open(tmp_path / 'stats.json') as f:
+        stats = json.load(f)
+    image = _image_like_the_tool(cfg, stats)
+    got = [layer['mean_row_entropy_nats'] for layer in stats['layers']]
+    for seed, same in ((1, True), (0, False)):
+        _, backbone = _backbone(POLA_CONFIG, seed=seed)
+        records = one_block_per_stage(record_attentions(backbone, image))
+        expected = [layer_statistics(r, max_queries=50).entropy for r in records]
+        assert (got == expected) == same, seed
