@@ -160,11 +160,11 @@ def _check_figures(out_dir, stats, streams_per_head, max_heads=4):
         heads = len(next(iter(layer['mean_row_entropy_nats'].values())))
         columns = min(heads, max_heads) * streams_per_head
         pixels = _png_pixels(os.path.join(out_dir, f'attention_stage{layer["stage"]}.png'))
-        assert pixels.shape == (round(100 * (2.0 * len(POINTS) + 0.6)), round(200 * columns), 3)
+        assert pixels.shape == (round(100 * (2.0 * len(POINTS) + 1.0)), max(200 * columns, 500), 3)
         assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 200, 'the overlay looks empty'
     num_stages = len(stats['layers'])
-    for name, size in (('entropy.png', (340, round(360 * num_stages))),
-                       ('distances.png', (round(100 * (2.6 * num_stages + 0.5)), 800))):
+    for name, size in (('entropy.png', (360, round(360 * num_stages))),
+                       ('distances.png', (round(100 * (2.6 * num_stages + 0.6)), 800))):
         pixels = _png_pixels(os.path.join(out_dir, name))
         assert pixels.shape[:2] == size, name
         assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 20, name

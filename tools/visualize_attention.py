@@ -42,6 +42,7 @@ import matplotlib
 
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -69,6 +70,7 @@ STREAM_LABELS = {
     'softmax': 'softmax'
 }
 PANEL_INCHES = 2.0
+MIN_WIDTH_INCHES = 5.0  # room for the title
 ENTROPY_FLOOR = 1e-6
 
 
@@ -148,8 +150,8 @@ def plot_attention_maps(record: AttentionRecord, image: np.ndarray, points: Sequ
     fig, axes = plt.subplots(len(points),
                              len(columns),
                              squeeze=False,
-                             figsize=(PANEL_INCHES * len(columns),
-                                      PANEL_INCHES * len(points) + 0.6))
+                             figsize=(max(PANEL_INCHES * len(columns), MIN_WIDTH_INCHES),
+                                      PANEL_INCHES * len(points) + 1.0))
     height, width = image.shape[:2]
     for row, point in enumerate(points):
         for col, (head, name) in enumerate(columns):
@@ -191,7 +193,7 @@ def plot_attention_maps(record: AttentionRecord, image: np.ndarray, points: Sequ
 def plot_entropy(stats: List[Tuple[AttentionRecord, LayerStatistics]], title: str,
                  path: str) -> None:
     """Per stage: bars of ``ln n - mean row entropy`` per head and stream, softmax included."""
-    fig, axes = plt.subplots(1, len(stats), squeeze=False, figsize=(3.6 * len(stats), 3.4))
+    fig, axes = plt.subplots(1, len(stats), squeeze=False, figsize=(3.6 * len(stats), 3.6))
     for ax, (record, stat) in zip(axes[0], stats):
         names = list(stat.entropy)
         num_heads = len(stat.entropy[names[0]])
@@ -204,6 +206,7 @@ def plot_entropy(stats: List[Tuple[AttentionRecord, LayerStatistics]], title: st
                    width,
                    label=STREAM_LABELS[name])
         ax.set_yscale('log')
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_title(
             f'stage {record.stage + 1}: {record.hw_shape[0]}x{record.hw_shape[1]} tokens, '
             f'n={stat.num_keys}',
@@ -238,7 +241,7 @@ def _histogram_with_kernel(ax, values: np.ndarray, kernel, median: float, xlabel
 def plot_distances(stats: List[Tuple[AttentionRecord, LayerStatistics]], title: str,
                    path: str) -> None:
     """Per stage: L1 distances with the Laplacian kernel, squared L2 with the Gaussian kernel."""
-    fig, axes = plt.subplots(len(stats), 2, squeeze=False, figsize=(8.0, 2.6 * len(stats) + 0.5))
+    fig, axes = plt.subplots(len(stats), 2, squeeze=False, figsize=(8.0, 2.6 * len(stats) + 0.6))
     for row, (record, stat) in enumerate(stats):
         l1, sq_l2 = stat.l1.numpy(), stat.sq_l2.numpy()
         lam, sigma = stat.scales['lam'], stat.scales['sigma']
@@ -282,15 +285,15 @@ def main(argv=None) -> int:
     image, inputs = load_image(img_path, tuple(args.shape), *normalisation(cfg))
     records = one_block_per_stage(record_attentions(backbone, inputs), args.block)
     weights = osp.basename(args.checkpoint) if args.checkpoint else 'random weights'
-    header = f'{name} ({weights}), {osp.basename(img_path)} at {args.shape[0]}x{args.shape[1]}'
+    header = f'{name}\n{weights}, {osp.basename(img_path)} at {args.shape[0]}x{args.shape[1]}'
 
     written, stats = [], []
     for record in records:
         path = osp.join(out_dir, f'attention_stage{record.stage + 1}.png')
         plot_attention_maps(
             record, image, args.points, args.max_heads,
-            f'{header}\nstage {record.stage + 1}, {record.name}: attention rows of '
-            'the query points (colour: row min .. row max)', path)
+            f'{header}\nstage {record.stage + 1} ({record.name}): attention rows of the query '
+            'points\ncolour: row min .. row max', path)
         written.append(path)
         stats.append((record, layer_statistics(record, args.max_queries)))
 
