@@ -390,3 +390,31 @@ def test_visualisation_loads_a_checkpoint(tmp_path):
         records = one_block_per_stage(record_attentions(backbone, image))
         expected = [layer_statistics(r, max_queries=50).entropy for r in records]
         assert (got == expected) == same, seed
+
+
+def test_benchmark_plot_option_draws_after_the_run(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, 'tools'))
+    import argparse
+    from benchmarks.plot import with_plot_option
+    calls = []
+
+    def add_arguments(parser):
+        parser.add_argument('--out')
+
+    def run_benchmark(args):  # stands in for a benchmark: writes its JSON to --out
+        calls.append(args.out)
+        rows = [{'backbone': 'b', 'input': size, 'fwd ms': ms, 'peak fwd MiB': ms}
+                for size, ms in (('224^2', 1.0), ('512^2', 5.0))]
+        with open(args.out, 'w') as f:
+            json.dump({'sections': [{'rows': rows}]}, f)
+        return 0
+
+    add, main = with_plot_option(add_arguments, run_benchmark)
+    parser = argparse.ArgumentParser()
+    add(parser)
+    figure = tmp_path / 'fig.png'
+    assert main(parser.parse_args(['--plot', str(figure)])) == 0
+    assert calls == [str(tmp_path / 'fig.json')]  # no --out: the JSON goes beside the figure
+    assert _png_pixels(figure).shape[:2] == (840, 520)
+    assert main(parser.parse_args(['--out', str(tmp_path / 'run.json')])) == 0  # no --plot
+    assert len(list(tmp_path.glob('*.png'))) == 1

@@ -1,7 +1,7 @@
 """Plot the backbone benchmark: latency and peak memory against the number of tokens, log-log.
 
-    python tools/benchmark.py plot RESULTS.json --out FIGURE.png
-    (or ``python tools/benchmark.py backbone ... --plot FIGURE.png``)
+    python tools/benchmark.py backbone ... --plot FIGURE.png     (run, then draw)
+    python tools/benchmark.py plot RESULTS.json --out FIGURE.png  (draw a saved run)
 
 Input: the JSON that ``tools/benchmark.py backbone --out`` writes (``common.write_json``): sections
 whose rows hold ``backbone``, ``input`` (``'512^2'`` or ``'800x1333'``, or explicit ``height`` and
@@ -11,10 +11,12 @@ missing cell is null). The x axis is the number of stride-4 tokens, ``ceil(H/4) 
 backbone; the dashed grey lines are slopes 1 (cost linear in the tokens) and 2 (quadratic),
 anchored at the smallest measurement of the panel, so a backbone's growth can be read against them.
 """
+import argparse
 import json
 import math
+import os
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 TOKEN_STRIDE = 4
 PANELS = (('{} ms', 'latency (ms)'), ('peak {} MiB', 'peak memory (MiB)'))
@@ -129,3 +131,39 @@ def plot_backbone_results(payload: Dict, path: str, title: Optional[str] = None)
 def plot_json(json_path: str, png_path: str, title: Optional[str] = None) -> List[str]:
     with open(json_path) as f:
         return plot_backbone_results(json.load(f), png_path, title)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``plot`` subcommand: redraw a figure from a saved backbone benchmark JSON."""
+    parser.add_argument('json', help='the file written by `tools/benchmark.py backbone --out`')
+    parser.add_argument('--out', required=True, metavar='FILE.png', help='the figure to write')
+    parser.add_argument('--title', help='figure title (default: the run\'s device and versions)')
+
+
+def main(args: argparse.Namespace) -> int:
+    panels = plot_json(args.json, args.out, args.title)
+    print(f'figure written to {args.out} ({len(panels)} panels)')
+    return 0
+
+
+def with_plot_option(add_arguments: Callable, run: Callable) -> Tuple[Callable, Callable]:
+    """A benchmark subcommand ``(add_arguments, main)`` whose ``--out`` JSON holds backbone rows,
+    extended by ``--plot FILE.png``: after a successful run the figure is drawn from that JSON
+    (written to FILE.json beside the figure when ``--out`` is not given)."""
+
+    def add_with_plot(parser: argparse.ArgumentParser) -> None:
+        add_arguments(parser)
+        parser.add_argument('--plot', metavar='FILE.png',
+                            help='also draw latency and peak memory against the number of tokens '
+                            '(log-log, slope-1 and slope-2 references) into this PNG')
+
+    def run_and_plot(args: argparse.Namespace) -> int:
+        if args.plot and not args.out:
+            args.out = os.path.splitext(args.plot)[0] + '.json'
+        code = run(args)
+        if code == 0 and args.plot:
+            plot_json(args.out, args.plot)
+            print(f'figure written to {args.plot}')
+        return code
+
+    return add_with_plot, run_and_plot
