@@ -19,6 +19,7 @@ for path in (os.path.dirname(TOOLS_DIR), TOOLS_DIR):
 
 import torch  # noqa: E402
 
+from benchmarks import backbones  # noqa: E402
 from benchmarks.common import environment, format_table, run_module, write_json  # noqa: E402
 
 OP_BENCHMARKS = [
@@ -64,6 +65,7 @@ def run_ops(args: argparse.Namespace) -> int:
 
 SUBCOMMANDS = {
     'ops': (add_ops_arguments, run_ops),
+    'backbone': (backbones.add_arguments, backbones.main),
 }
 
 
