@@ -7,6 +7,8 @@ Subcommands:
 
 A backbone benchmark (throughput, latency and peak memory against resolution) plugs in as one more
 entry of ``SUBCOMMANDS``: ``name: (add_arguments(parser), main(args) -> exit code)``.
+``backbone --plot F.png`` also draws latency and peak memory against the number of tokens
+(``benchmarks/plot.py``); ``plot RESULTS.json --out F.png`` redraws it from a saved run.
 """
 import argparse
 import os
@@ -19,7 +21,7 @@ for path in (os.path.dirname(TOOLS_DIR), TOOLS_DIR):
 
 import torch  # noqa: E402
 
-from benchmarks import backbones  # noqa: E402
+from benchmarks import backbones, plot  # noqa: E402
 from benchmarks.common import environment, format_table, run_module, write_json  # noqa: E402
 
 OP_BENCHMARKS = [
@@ -65,7 +67,8 @@ def run_ops(args: argparse.Namespace) -> int:
 
 SUBCOMMANDS = {
     'ops': (add_ops_arguments, run_ops),
-    'backbone': (backbones.add_arguments, backbones.main),
+    'backbone': plot.with_plot_option(backbones.add_arguments, backbones.main),  # + --plot F.png
+    'plot': (plot.add_arguments, plot.main),  # redraw the --plot figure from a saved JSON
 }
 
 

@@ -8,14 +8,15 @@ whose rows hold ``backbone``, ``input`` (``'512^2'`` or ``'800x1333'``, or expli
 ``width``) and the measured columns (``'fwd ms'``, ``'peak fwd MiB'``, ``'fwd+bwd ms'``, ...; a
 missing cell is null). The x axis is the number of stride-4 tokens, ``ceil(H/4) * ceil(W/4)``
 (the sequence length of the first stage, where the attention costs the most). One line per
-backbone; the dashed grey lines are slopes 1 (cost linear in the tokens) and 2 (quadratic),
-anchored at the smallest measurement of the panel, so a backbone's growth can be read against them.
+backbone; the grey lines are slopes 1 (cost linear in the tokens) and 2 (quadratic), starting
+from the median measurement at the fewest tokens, so a backbone's growth can be read against them.
 """
 import argparse
 import json
 import math
 import os
 import re
+import statistics
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 TOKEN_STRIDE = 4
@@ -54,8 +55,9 @@ def series(rows: Sequence[Dict], column: str) -> Dict[str, List[Tuple[int, float
 
 
 def _reference_slopes(ax, points: Sequence[Tuple[int, float]]) -> None:
-    """Slopes 1 and 2 through the lowest-token (then lowest-value) point, over the tokens shown."""
-    x0, y0 = min(points)
+    """Slopes 1 and 2 from the median value at the fewest tokens, over the tokens shown."""
+    x0 = min(x for x, _ in points)
+    y0 = statistics.median(y for x, y in points if x == x0)
     x1 = max(x for x, _ in points)
     if x1 <= x0:
         return
@@ -121,7 +123,10 @@ def plot_backbone_results(payload: Dict, path: str, title: Optional[str] = None)
             drawn.append(panel_title)
     meta = ', '.join(f'{k}={payload[k]}' for k in ('device', 'gpu', 'torch', 'threads')
                      if k in payload)
-    fig.suptitle(title or f'Backbone benchmark ({meta})', fontsize=10)
+    sizes = sorted({(num_tokens(*input_size(row)), str(row.get('input', ''))) for row in rows})
+    size_note = ', '.join(f'{name}: {tokens}' for tokens, name in sizes)
+    fig.suptitle(title or f'Backbone benchmark ({meta})\ntokens per input: {size_note}',
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
