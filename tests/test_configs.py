@@ -74,7 +74,7 @@ def test_config_builds_and_runs_loss_and_predict(path):
 
     train_set = registry.DATASETS.build(cfg.train_dataloader.dataset)
     model.train()
-    data = model.data_preprocessor(_one_batch(train_set, [0]), training=True)  # batches: e2e tests
+    data = model.data_preprocessor(_one_batch(train_set, [0, 1]), training=True)
     losses = model(**data, mode='loss')
     total = _finite_loss_total(losses)
     total.backward()
