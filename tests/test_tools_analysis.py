@@ -418,3 +418,28 @@ def test_benchmark_plot_option_draws_after_the_run(tmp_path):
     assert _png_pixels(figure).shape[:2] == (840, 520)
     assert main(parser.parse_args(['--out', str(tmp_path / 'run.json')])) == 0  # no --plot
     assert len(list(tmp_path.glob('*.png'))) == 1
+
+
+@pytest.mark.parametrize('size', [(3, 4), (7, 7), (8, 10), (25, 42), (13, 5)])
+def test_exportable_capped_pooling_equals_adaptive_avg_pool(size):
+    from mmlinattn.models.layers.laplacian_attention import capped_avg_pool2d_exportable
+    x = torch.randn(2, 3, *size, dtype=torch.float64)
+    cap = tuple(min(s, 7) for s in size)
+    torch.testing.assert_close(capped_avg_pool2d_exportable(x, (7, 7)),
+                               F.adaptive_avg_pool2d(x, cap), rtol=1e-12, atol=1e-12)
+
+
+def test_onnx_export_with_a_landmark_cap_stays_right_at_other_sizes(tmp_path):
+    """max_landmark_grid: traced where the cap is not reached (64x64: a 2x2 landmark grid in stage
+    1), run where it is (96x128: 3x4 pooled to 2x2) and the other way round."""
+    from mmlinattn.models.backbones import LaplacianFormer
+    tool = _load_tool('export_onnx')
+    torch.manual_seed(0)
+    model = LaplacianFormer(arch='tiny', max_landmark_grid=2, out_indices=(1, 3))
+    model.init_weights()
+    model.eval()
+    for trace, other in (((64, 64), (96, 128)), ((96, 128), (64, 64))):
+        path = str(tmp_path / f'capped_{trace[0]}.onnx')
+        tool.export(model, ['out1', 'out3'], path, trace)
+        results = tool.compare(model, path, [trace, other])
+        assert len(results) == 4 and max(r['max_abs_diff'] for r in results) < 1e-4, results

@@ -70,6 +70,30 @@ def nystrom_laplacian_attention(q: torch.Tensor, landmarks: torch.Tensor, v: tor
     return _normalise(cross @ context, den_eps)  # C W C^T [v, 1] -> [B, H, N, Dv]
 
 
+def _average_pool_matrix(size: torch.Tensor, limit: int, dtype: torch.dtype) -> torch.Tensor:
+    """[out, size] with ``out = min(size, limit)``: row i averages the inputs
+    ``floor(i*size/out) .. ceil((i+1)*size/out) - 1``, the windows of ``adaptive_avg_pool``
+    (the identity when size <= limit)."""
+    out = torch.clamp(size, max=limit)
+    rows = torch.arange(out, device=size.device)[:, None]
+    cols = torch.arange(size, device=size.device)[None, :]
+    start = torch.div(rows * size, out, rounding_mode='floor')
+    end = torch.div((rows + 1) * size + out - 1, out, rounding_mode='floor')
+    window = ((cols >= start) & (cols < end)).to(dtype)
+    return window / window.sum(-1, keepdim=True)
+
+
+def capped_avg_pool2d_exportable(x: torch.Tensor, max_grid: Tuple[int, int]) -> torch.Tensor:
+    """``adaptive_avg_pool2d(x, (min(H, gh), min(W, gw)))`` for x [..., H, W] as two matrix
+    products whose sizes follow H and W, so an ONNX graph traced at one size stays right at any
+    other (``adaptive_avg_pool2d`` to a fixed grid has no ONNX translation for dynamic sizes, and
+    the "is the cap reached" branch would be frozen at the traced size). Used while exporting."""
+    shape = torch._shape_as_tensor(x)
+    rows = _average_pool_matrix(shape[-2], max_grid[0], x.dtype)
+    cols = _average_pool_matrix(shape[-1], max_grid[1], x.dtype)
+    return rows @ x @ cols.transpose(0, 1)
+
+
 class LaplacianAttention(nn.Module):
     """Multi-head Laplacian-kernel attention with Nyström landmarks and a local depthwise branch.
 
@@ -159,7 +183,9 @@ class LaplacianAttention(nn.Module):
         grid = q.reshape(batch * heads, height, width, head_dims).permute(0, 3, 1, 2)
         grid = F.pad(grid, (0, (-width) % s, 0, (-height) % s))
         pooled = self.landmark_conv(grid)  # [B*h, d, ceil(H/s), ceil(W/s)]
-        if self.max_landmark_grid is not None:
+        if self.max_landmark_grid is not None and torch.onnx.is_in_onnx_export():
+            pooled = capped_avg_pool2d_exportable(pooled, self.max_landmark_grid)
+        elif self.max_landmark_grid is not None:
             cap = tuple(min(size, limit)
                         for size, limit in zip(pooled.shape[2:], self.max_landmark_grid))
             if cap != tuple(pooled.shape[2:]):
