@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main job: set up (or reuse) .venv, then train LaplacianFormer-tiny Mask R-CNN and evaluate COCO
 # bbox/segm AP. Uses data/coco when it exists, otherwise the bundled synthetic COCO-format set with a
-# short CPU schedule (about 10 s per iteration on 2 cores, 120 iterations per epoch). Environment:
-# CONFIG, WORK_DIR, EPOCHS (toy schedule length, default 2).
+# short CPU schedule (120 iterations of batch 2 per epoch, several seconds each on 2 cores). Environment:
+# CONFIG, WORK_DIR, EPOCHS (toy schedule length, default 2), EXTRA_OPTIONS (more --cfg-options for
+# both training and testing, e.g. "train_dataloader.batch_size=4").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -14,7 +15,7 @@ if [ -d data/coco ]; then
   WORK_DIR="${WORK_DIR:-work_dirs/$NAME}"
   echo "[demo] data/coco found: training $CONFIG on COCO (full schedule) in $WORK_DIR"
   DATA_ARGS=()
-  "$PY" tools/train.py "$CONFIG" --work-dir "$WORK_DIR"
+  "$PY" tools/train.py "$CONFIG" --work-dir "$WORK_DIR" ${EXTRA_OPTIONS:+--cfg-options $EXTRA_OPTIONS}
 else
   WORK_DIR="${WORK_DIR:-work_dirs/${NAME}_toy}"
   EPOCHS="${EPOCHS:-2}"
@@ -28,9 +29,10 @@ else
     param_scheduler.0.end=50 \
     optim_wrapper.optimizer.lr=2e-4 default_hooks.logger.interval=10 \
     default_hooks.checkpoint.interval="$EPOCHS" \
-    train_dataloader.num_workers=1 val_dataloader.num_workers=1 test_dataloader.num_workers=1
+    train_dataloader.num_workers=1 val_dataloader.num_workers=1 test_dataloader.num_workers=1 \
+    ${EXTRA_OPTIONS:-}
 fi
 CHECKPOINT="$(cat "$WORK_DIR/last_checkpoint")"
 echo "[demo] evaluating $CHECKPOINT"
 "$PY" tools/test.py "$CONFIG" "$CHECKPOINT" --work-dir "$WORK_DIR" "${DATA_ARGS[@]}" \
-  --out-json "$WORK_DIR/metrics.json"
+  --out-json "$WORK_DIR/metrics.json" ${EXTRA_OPTIONS:+--cfg-options $EXTRA_OPTIONS}
