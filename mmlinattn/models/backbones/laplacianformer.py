@@ -10,10 +10,10 @@ from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from mmengine.runner.checkpoint import CheckpointLoader
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmlinattn.registry import MODELS
 from ..layers import LaplacianAttention, Mlp, resize_pos_embed
+from .frozen_stages import FrozenStagesMixin
 
 
 class LaplacianFormerBlock(nn.Module):
@@ -83,7 +83,7 @@ def _soft_stem(in_channels: int, stem_channels: int, out_channels: int, conv_nor
 
 
 @MODELS.register_module()
-class LaplacianFormer(BaseModule):
+class LaplacianFormer(FrozenStagesMixin, BaseModule):
     """LaplacianFormer backbone (``type='mmlinattn.LaplacianFormer'``).
 
     Stage i runs at stride ``4 * 2^i`` with ``embed_dims[i]`` channels, ``num_heads[i]`` heads of
@@ -213,28 +213,12 @@ class LaplacianFormer(BaseModule):
             raise ValueError(f'arch dict misses {sorted(missing)}; got keys {sorted(arch)}')
         return arch
 
-    def _frozen_modules(self) -> List[nn.Module]:
-        modules = []
-        for i in range(max(self.frozen_stages, 0)):
-            modules.append(self.stages[i])
-            if i in self.out_indices:
-                modules.append(getattr(self, f'norm{i}'))
+    def stage_modules(self, i: int) -> List[nn.Module]:
+        """The modules of stage i (0-based) that ``frozen_stages`` freezes."""
+        modules = [self.stages[i]]
+        if i in self.out_indices:
+            modules.append(getattr(self, f'norm{i}'))
         return modules
-
-    def _freeze_stages(self) -> None:
-        for module in self._frozen_modules():
-            module.eval()
-            for param in module.parameters():
-                param.requires_grad = False
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            for module in self.modules():
-                if isinstance(module, _BatchNorm):
-                    module.eval()
-        return self
 
     def init_weights(self) -> None:
         if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':

@@ -10,10 +10,11 @@ from torch import nn
 from mmlinattn.registry import MODELS
 from mmlinattn.utils.polaformer_checkpoint import format_keys, load_pretrained_polaformer
 from ..layers import PatchEmbed, PolarityAttention, PreNormBlock, resize_pos_embed
+from .frozen_stages import FrozenStagesMixin
 
 
 @MODELS.register_module()
-class PolaPVT(BaseModule):
+class PolaPVT(FrozenStagesMixin, BaseModule):
     """Pola-PVT backbone (``type='mmlinattn.PolaPVT'``), laid out as the official model.
 
     Stage i (stride ``4 * 2^i``): ``patch_embed{i+1}`` (conv 4x4 s4 for the first stage, 2x2 s2
@@ -140,22 +141,8 @@ class PolaPVT(BaseModule):
         """The modules of stage i (0-based) that ``frozen_stages`` freezes."""
         return [getattr(self, f'patch_embed{i + 1}'), getattr(self, f'block{i + 1}')]
 
-    def _freeze_stages(self) -> None:
-        for i in range(max(self.frozen_stages, 0)):
-            getattr(self, f'pos_embed{i + 1}').requires_grad = False
-            for module in self.stage_modules(i):
-                module.eval()
-                for param in module.parameters():
-                    param.requires_grad = False
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            for module in self.modules():
-                if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                    module.eval()
-        return self
+    def stage_parameters(self, i: int) -> List[nn.Parameter]:
+        return [getattr(self, f'pos_embed{i + 1}')]
 
     def init_weights(self) -> None:
         if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':

@@ -10,6 +10,7 @@ from torch import nn
 from mmlinattn.registry import MODELS
 from mmlinattn.utils.polaformer_checkpoint import format_keys, load_pretrained_polaformer
 from ..layers import PatchEmbed, PatchMerging, PolarityAttention, PreNormBlock, ShiftedWindowAttention
+from .frozen_stages import FrozenStagesMixin
 from .polaformer_pvt import check_out_indices
 
 ATTN_TYPES = ('polarity', 'window')
@@ -25,7 +26,7 @@ class PolaSwinStage(nn.Module):
 
 
 @MODELS.register_module()
-class PolaSwin(BaseModule):
+class PolaSwin(FrozenStagesMixin, BaseModule):
     """Pola-Swin backbone (``type='mmlinattn.PolaSwin'``), laid out as the official model.
 
     A 4x4 patch embedding (+ LayerNorm), then four stages of pre-norm blocks (MLP ratio 4) with
@@ -156,22 +157,6 @@ class PolaSwin(BaseModule):
         if i in self.out_indices:
             modules.append(getattr(self, f'norm{i}'))
         return modules
-
-    def _freeze_stages(self) -> None:
-        for i in range(max(self.frozen_stages, 0)):
-            for module in self.stage_modules(i):
-                module.eval()
-                for param in module.parameters():
-                    param.requires_grad = False
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            for module in self.modules():
-                if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                    module.eval()
-        return self
 
     def init_weights(self) -> None:
         if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
