@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from mmlinattn.models.backbones import PolaPVT, PolaSwin
-from mmlinattn.utils.polaformer_checkpoint import (convert_official, detect_family, is_official_polaformer,
-                                                   load_checked, to_official)
+from mmlinattn.models.backbones.base import check_shapes
+from mmlinattn.models.backbones.polaformer_converter import (convert_official, detect_family,
+                                                             is_official_polaformer, to_official)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = {'pvt': (PolaPVT, 'pola_pvt_tiny'), 'swin': (PolaSwin, 'pola_swin_tiny')}
@@ -104,7 +105,7 @@ def test_wrong_shape_fails_naming_the_key(official, tmp_path):
         PolaPVT(arch='tiny', init_cfg=dict(type='Pretrained', checkpoint=path)).init_weights()
     converted, _ = convert_official(checkpoint, 'pvt')
     with pytest.raises(ValueError, match=r'block2\.1\.attn\.qg\.weight'):
-        load_checked(PolaPVT(arch='tiny'), converted)
+        check_shapes(PolaPVT(arch='tiny'), converted)
 
 
 @pytest.mark.parametrize('family', ['pvt', 'swin'])

@@ -19,9 +19,10 @@ from collections import OrderedDict
 import torch
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # the repository, if not installed
-from mmlinattn.utils.compat import load_local_checkpoint  # noqa: E402
-from mmlinattn.utils.polaformer_checkpoint import (ARCHS, backbone_state_dict, check_shapes,  # noqa: E402
-                                                   convert_official, format_keys, unwrap_state_dict)
+from mmlinattn.checkpoint import load_checkpoint_file  # noqa: E402
+from mmlinattn.models.backbones.base import (check_shapes, format_keys, strip_prefix,  # noqa: E402
+                                             unwrap_state_dict)
+from mmlinattn.models.backbones.polaformer_converter import ARCHS, convert_official  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -46,10 +47,10 @@ def build_backbone(arch: str):
 def convert(src: str, arch: str, keep_head: bool):
     """-> (converted state dict, dropped key -> reason, missing keys, unexpected keys)."""
     family, _ = ARCHS[arch]
-    state_dict = unwrap_state_dict(load_local_checkpoint(src, map_location='cpu'))
+    state_dict = unwrap_state_dict(load_checkpoint_file(src))
     converted, dropped = convert_official(state_dict, family, keep_head=keep_head)
     backbone = build_backbone(arch)
-    weights = backbone_state_dict(converted, 'backbone.' if keep_head else '')
+    weights = strip_prefix(converted, 'backbone.' if keep_head else '')
     check_shapes(backbone, weights, source=src)
     expected = set(backbone.state_dict())
     missing = sorted(expected - set(weights))

@@ -20,10 +20,12 @@ official forward). With ``keep_head`` the result is an mmpretrain ``ImageClassif
 """
 import re
 from collections import OrderedDict
-from typing import Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 import torch
-from torch import nn
+
+from ..layers.window_attention import relative_position_index, shifted_window_mask
+from .base import unwrap_state_dict
 
 FAMILIES = ('pvt', 'swin')
 ARCHS = {
@@ -37,20 +39,6 @@ ARCHS = {
 }
 _BUFFER_SUFFIXES = ('.relative_position_index', '.attn_mask')
 _HEAD_KEYS = {'head.weight': 'head.fc.weight', 'head.bias': 'head.fc.bias'}
-
-
-def unwrap_state_dict(checkpoint: Mapping) -> Dict[str, torch.Tensor]:
-    """The state dict of a loaded checkpoint: under ``model`` or ``state_dict``, ``module.`` stripped."""
-    state_dict = checkpoint
-    for wrapper in ('model', 'state_dict'):
-        if isinstance(state_dict, Mapping) and isinstance(state_dict.get(wrapper), Mapping):
-            state_dict = state_dict[wrapper]
-            break
-    if not isinstance(state_dict, Mapping):
-        raise ValueError(f'a checkpoint must be a dict of tensors (optionally under "model" or '
-                         f'"state_dict"), got {type(state_dict).__name__}')
-    return OrderedDict((k[len('module.'):] if k.startswith('module.') else k, v)
-                       for k, v in state_dict.items())
 
 
 def detect_family(state_dict: Mapping) -> Optional[str]:
@@ -111,8 +99,6 @@ def to_official(state_dict: Mapping, family: str, pretrain_img_size: int = 224,
     ``norm`` (identity weights), for Pola-Swin the ``relative_position_index`` buffers and the
     ``attn_mask`` buffers of the shifted blocks at ``pretrain_img_size``.
     """
-    # imported here: the backbones import this module, so a top-level import of the layers would be circular
-    from mmlinattn.models.layers.window_attention import relative_position_index, shifted_window_mask
     if family not in FAMILIES:
         raise ValueError(f'family must be one of {FAMILIES}, got {family!r}')
     head = {official: state_dict[ours] for official, ours in _HEAD_KEYS.items() if ours in state_dict}
@@ -144,51 +130,3 @@ def to_official(state_dict: Mapping, family: str, pretrain_img_size: int = 224,
         official['norm.bias'] = torch.zeros(last_dims)
     official.update(head)
     return {'model': official}
-
-
-def check_shapes(module: nn.Module, state_dict: Mapping, source: str = 'checkpoint') -> None:
-    """Raise ``ValueError`` naming the first key whose shape differs from the module's."""
-    own = module.state_dict()
-    for key, value in state_dict.items():
-        if key in own and tuple(own[key].shape) != tuple(value.shape):
-            raise ValueError(f'{source}: {key} has shape {list(value.shape)} but '
-                             f'{type(module).__name__} expects {list(own[key].shape)}')
-
-
-def load_checked(module: nn.Module, state_dict: Mapping, source: str = 'checkpoint',
-                 strict: bool = False) -> Tuple[List[str], List[str]]:
-    """``check_shapes`` then ``load_state_dict``; returns (missing keys, unexpected keys)."""
-    check_shapes(module, state_dict, source)
-    missing, unexpected = module.load_state_dict(state_dict, strict=strict)
-    return list(missing), list(unexpected)
-
-
-def backbone_state_dict(state_dict: Mapping, prefix: Optional[str] = None) -> Dict[str, torch.Tensor]:
-    """Keys under ``prefix`` (``'backbone.'`` when the dict is a whole model's and prefix is None)."""
-    if prefix is None and any(k.startswith('backbone.') for k in state_dict):
-        prefix = 'backbone.'
-    if not prefix:
-        return OrderedDict(state_dict)
-    return OrderedDict((k[len(prefix):], v) for k, v in state_dict.items() if k.startswith(prefix))
-
-
-def load_pretrained_polaformer(module: nn.Module, checkpoint: str, family: str,
-                               prefix: Optional[str] = None) -> Tuple[List[str], List[str], Dict[str, str]]:
-    """Load an official or converted PolaFormer checkpoint into a backbone (``init_cfg`` Pretrained).
-
-    Official files are recognised by their key names (:func:`is_official_polaformer`) and converted.
-    Returns (missing keys, unexpected keys, dropped keys -> reason); a shape mismatch raises.
-    """
-    from mmengine.runner.checkpoint import CheckpointLoader
-    state_dict = unwrap_state_dict(CheckpointLoader.load_checkpoint(checkpoint, map_location='cpu'))
-    dropped: Dict[str, str] = {}
-    if is_official_polaformer(state_dict):
-        state_dict, dropped = convert_official(state_dict, family)
-    state_dict = backbone_state_dict(state_dict, prefix)
-    missing, unexpected = load_checked(module, state_dict, source=checkpoint)
-    return missing, unexpected, dropped
-
-
-def format_keys(keys: Iterable[str]) -> str:
-    keys = list(keys)
-    return ', '.join(keys) if keys else 'none'
