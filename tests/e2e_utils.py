@@ -37,10 +37,8 @@ def free_port() -> int:
 
 def dump_toy_config(config: str, out_path) -> str:
     """Write ``config`` pointed at the toy data as a standalone file, for the libraries' stock scripts."""
-    sys.path.insert(0, os.path.join(ROOT, 'tools'))
     from mmengine.config import Config
-
-    from mmlinattn.utils import use_toy_data
+    from toy_data import use_toy_data
     cfg = Config.fromfile(os.path.join(ROOT, config))
     use_toy_data(cfg, os.path.join(ROOT, 'configs'))
     cfg.dump(str(out_path))

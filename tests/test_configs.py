@@ -58,7 +58,7 @@ def test_config_builds_and_runs_loss_and_predict(path):
     from mmengine.model.utils import revert_sync_batchnorm
     from mmengine.registry import init_default_scope
 
-    from mmlinattn.utils import use_toy_data
+    from toy_data import use_toy_data
 
     cfg = _load(path)
     require_toy_data(TOY_SET[cfg.default_scope])

@@ -1,11 +1,10 @@
-"""Analysis and deployment tools: attention rows and statistics (mmlinattn.analysis), the attention
+"""Analysis and deployment tools: attention rows and statistics (tools/analysis), the attention
 visualisation, ONNX export checked in onnxruntime, and the benchmark plot. Tiny inputs, random
 weights."""
 import importlib.util
 import json
 import math
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -14,11 +13,10 @@ import torch.nn.functional as F
 
 from e2e_utils import ROOT, require_toy_data, run
 
-from mmlinattn.analysis import (attention_streams, laplacian_attention_rows, laplacian_inputs,
-                                layer_statistics, negative_mass, one_block_per_stage,
-                                polarity_attention_rows, polarity_inputs, record_attentions,
-                                row_entropy, softmax_rows, token_index)
-from mmlinattn.analysis.loading import build_backbone, load_config, load_image, normalisation
+from analysis import (attention_streams, laplacian_attention_rows, laplacian_inputs, layer_statistics,
+                      negative_mass, one_block_per_stage, polarity_attention_rows, polarity_inputs,
+                      record_attentions, row_entropy, softmax_rows, token_index)
+from analysis.model_loading import build_backbone, load_config, load_image, normalisation
 from mmlinattn.models.layers import LaplacianAttention, PolarityAttention, resize_pos_embed
 from mmlinattn.ops.reference import l1_distance_exportable, laplacian_kernel_reference
 
@@ -105,7 +103,7 @@ def test_attention_rows_reproduce_every_layer_output(config):
             same, opposite = polarity_attention_rows(q, k, power, module.eps)
             v1, v2 = v.chunk(2, dim=-1)
             y = torch.cat([same @ v1, opposite @ v2], dim=-1).transpose(1, 2).reshape(x.shape)
-            gate = module._project(x, record.hw_shape)[3]
+            gate = module.attention_inputs(x, record.hw_shape)[3]
             out = module.proj((y + module._local_branch(v, record.hw_shape)) * gate)
         torch.testing.assert_close(out, record.output, rtol=1e-7, atol=1e-9, msg=record.name)
 
@@ -346,7 +344,6 @@ def test_export_restores_the_ops_mode(monkeypatch):
 
 
 def test_benchmark_plot_from_json(tmp_path):
-    sys.path.insert(0, os.path.join(ROOT, 'tools'))
     from benchmarks.plot import input_size, num_tokens, plot_json, series
     rows = []
     for name, exponent in (('linear', 1.0), ('quadratic', 2.0)):
@@ -393,7 +390,6 @@ def test_visualisation_loads_a_checkpoint(tmp_path):
 
 
 def test_benchmark_plot_option_draws_after_the_run(tmp_path):
-    sys.path.insert(0, os.path.join(ROOT, 'tools'))
     import argparse
     from benchmarks.plot import with_plot_option
     calls = []

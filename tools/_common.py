@@ -41,7 +41,7 @@ def load_config(args) -> Config:
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
     if args.toy_data:
-        from mmlinattn.utils import use_toy_data
+        from toy_data import use_toy_data
         use_toy_data(cfg, CONFIGS_DIR)
     cfg.launcher = args.launcher
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))

@@ -27,10 +27,9 @@ import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from mmlinattn.models.layers import LaplacianAttention, PolarityAttention, resize_pos_embed
+from mmlinattn.models.layers import LaplacianAttention, PolarityAttention
 from mmlinattn.models.layers.laplacian_attention import landmark_inverse_gram
 from mmlinattn.ops import laplacian_kernel
 
@@ -97,35 +96,19 @@ def record_attentions(model: nn.Module, *inputs, **kwargs) -> List[AttentionReco
     return records
 
 
-def _split_heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """[B, n, C] -> [B, h, n, C/h]."""
-    batch, tokens, channels = t.shape
-    return t.reshape(batch, tokens, num_heads, channels // num_heads).transpose(1, 2)
-
-
 def laplacian_inputs(module: LaplacianAttention, x: torch.Tensor, hw_shape: Tuple[int, int]):
-    """The layer's ``q = W_q x * d^-1/2`` [B, h, N, d], landmarks q~ [B, h, m, d] (None when
-    ``landmark_ratio == 1``) and ``v`` [B, h, N, d], computed with the layer's own modules."""
+    """The layer's q [B, h, N, d], landmarks q~ [B, h, m, d] (None when ``landmark_ratio == 1``)
+    and v [B, h, N, d], from :meth:`LaplacianAttention.attention_inputs`."""
     with torch.no_grad():
-        q = _split_heads(module.q(x), module.num_heads) * module.scale
-        v = _split_heads(module.v(x), module.num_heads)
-        landmarks = module.landmarks(q, hw_shape) if module.landmark_ratio > 1 else None
-    return q, landmarks, v
+        return module.attention_inputs(x, hw_shape)
 
 
 def polarity_inputs(module: PolarityAttention, x: torch.Tensor, hw_shape: Tuple[int, int]):
-    """What the layer feeds its polarity op: q [B, h, N, d], k [B, h, n, d] (``k + pos``, both
-    divided by ``softplus(scale)``), v [B, h, n, d], the power [1, h, 1, d] and the key grid."""
+    """What the layer feeds its polarity op: q [B, h, N, d], k [B, h, n, d], v [B, h, n, d], the
+    power [1, h, 1, d] and the key grid, from :meth:`PolarityAttention.attention_inputs`."""
     with torch.no_grad():
-        q, k, v, _, kv_grid = module._project(x, hw_shape)
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-        pos = resize_pos_embed(module.positional_encoding.to(dtype), module.pos_grid, kv_grid)
-        scale = F.softplus(module.scale.to(dtype))
-        q, k = q / scale, (k + pos) / scale
-        power = module.feature_power().to(dtype)
-    heads = module.num_heads
-    return _split_heads(q, heads), _split_heads(k, heads), _split_heads(v, heads), power, kv_grid
+        q, k, v, _, power, kv_grid = module.attention_inputs(x, hw_shape)
+    return q, k, v, power, kv_grid
 
 
 def _select(q: torch.Tensor, query_index: Optional[torch.Tensor]) -> torch.Tensor:

@@ -194,26 +194,34 @@ class LaplacianAttention(nn.Module):
         pooled = self.landmark_act(self.landmark_norm(pooled))
         return pooled.reshape(batch, heads, -1, head_dims)
 
+    def attention_inputs(self, x: torch.Tensor, hw_shape: Tuple[int, int]):
+        """x [B, N, C] -> q [B, h, N, d] (``W_q x * d^-1/2``, query and key), the landmarks
+        q~ [B, h, m, d] (None when ``landmark_ratio == 1``) and v [B, h, N, d]. The forward pass and
+        the analysis tools both read the layer through it."""
+        batch, num_tokens, _ = x.shape
+
+        def split_heads(t):  # [B, N, C] -> [B, h, N, d]
+            return t.reshape(batch, num_tokens, self.num_heads, self.head_dims).transpose(1, 2)
+
+        q = split_heads(self.q(x)) * self.scale
+        v = split_heads(self.v(x))
+        landmarks = self.landmarks(q, hw_shape) if self.landmark_ratio > 1 else None
+        return q, landmarks, v
+
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
         batch, num_tokens, channels = x.shape
         height, width = hw_shape
         if num_tokens != height * width or channels != self.embed_dims:
             raise ValueError(f'x must be [B, H*W, {self.embed_dims}] for hw_shape {tuple(hw_shape)}, '
                              f'got {list(x.shape)}')
-
-        def split_heads(t):  # [B, N, C] -> [B, h, N, d]
-            return t.reshape(batch, num_tokens, self.num_heads, self.head_dims).transpose(1, 2)
-
-        q = split_heads(self.q(x)) * self.scale
-        v_tokens = self.v(x)
-        v = split_heads(v_tokens)
-        if self.landmark_ratio == 1:
+        q, landmarks, v = self.attention_inputs(x, hw_shape)
+        if landmarks is None:
             y = exact_laplacian_attention(q, v, self.lam, self.den_eps)
         else:
-            y = nystrom_laplacian_attention(q, self.landmarks(q, hw_shape), v, self.lam,
-                                            self.ns_iters, self.ns_eps, self.den_eps)
-        y = y.transpose(1, 2).reshape(batch, num_tokens, channels).to(v_tokens.dtype)
-        if self.local_conv is not None:
-            v_image = v_tokens.transpose(1, 2).reshape(batch, channels, height, width)
+            y = nystrom_laplacian_attention(q, landmarks, v, self.lam, self.ns_iters, self.ns_eps,
+                                            self.den_eps)
+        y = y.transpose(1, 2).reshape(batch, num_tokens, channels).to(v.dtype)
+        if self.local_conv is not None:  # v as an image: [B, h, N, d] -> [B, h*d, H, W]
+            v_image = v.transpose(-2, -1).reshape(batch, channels, height, width)
             y = y + self.local_conv(v_image).flatten(2).transpose(1, 2)
         return self.proj_drop(self.proj(y))

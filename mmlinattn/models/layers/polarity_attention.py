@@ -1,4 +1,4 @@
-"""PolaFormer's polarity-aware linear attention as a token-mixing layer (DESIGN.md §6).
+"""PolaFormer's polarity-aware linear attention as a token-mixing layer (docs/models/polaformer.md).
 
 For x: [B, N, C] on an H x W grid, h heads of d = C / h channels and n key tokens:
 
@@ -133,12 +133,12 @@ class PolarityAttention(nn.Module):
                        padding=self.dwc.padding, groups=self.dwc.groups)
         return out.reshape(batch, heads * head_dims, num_tokens).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        batch, num_tokens, channels = x.shape
-        height, width = hw_shape
-        if num_tokens != height * width or channels != self.embed_dims:
-            raise ValueError(f'x must be [B, H*W, {self.embed_dims}] for hw_shape {tuple(hw_shape)}, '
-                             f'got {list(x.shape)}')
+    def attention_inputs(self, x: torch.Tensor, hw_shape: Tuple[int, int]):
+        """What the polarity op receives, in fp32 (fp64 stays fp64) with autocast off after the
+        input projections: q [B, h, N, d] and k [B, h, n, d] (``k + pos``, both divided by
+        ``softplus(scale)``), v [B, h, n, d], the gate g [B, N, C], the power [1, h, 1, d] and the
+        key grid (Hk, Wk). The forward pass and the analysis tools both read the layer through it."""
+        batch = x.shape[0]
         q, k, v, g, kv_grid = self._project(x, hw_shape)
         dtype = _compute_dtype(x)
         with torch.autocast(device_type=x.device.type, enabled=False):
@@ -151,9 +151,18 @@ class PolarityAttention(nn.Module):
             def split_heads(t):  # [B, n, C] -> [B, h, n, d]
                 return t.reshape(batch, -1, self.num_heads, self.head_dims).transpose(1, 2)
 
-            v_heads = split_heads(v)
-            y = polarity_linear_attention(split_heads(q), split_heads(k), v_heads,
-                                          self.feature_power().to(dtype), self.eps)
+            power = self.feature_power().to(dtype)
+            return split_heads(q), split_heads(k), split_heads(v), g, power, kv_grid
+
+    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        batch, num_tokens, channels = x.shape
+        height, width = hw_shape
+        if num_tokens != height * width or channels != self.embed_dims:
+            raise ValueError(f'x must be [B, H*W, {self.embed_dims}] for hw_shape {tuple(hw_shape)}, '
+                             f'got {list(x.shape)}')
+        q, k, v, g, power, _ = self.attention_inputs(x, hw_shape)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            y = polarity_linear_attention(q, k, v, power, self.eps)
             y = y.transpose(1, 2).reshape(batch, num_tokens, channels)
-            y = (y + self._local_branch(v_heads, hw_shape)) * g
+            y = (y + self._local_branch(v, hw_shape)) * g
         return self.proj_drop(self.proj(y.to(x.dtype)))
