@@ -9,10 +9,13 @@ files themselves when ``init_cfg`` points at one). With ``--keep-head`` it is an
 ``ImageClassifier`` state dict (``backbone.*``, ``head.fc.*``) for ``configs/pola_*_8xb128_in1k.py``
 and ``tools/test.py``. The result is checked against the backbone built for ``--arch``: every dropped
 key is listed with the reason, missing and unexpected keys are listed by name (the command fails
-on them unless ``--allow-mismatch``), and a shape mismatch fails naming the key.
+on them unless ``--allow-mismatch``), and a shape mismatch fails naming the key. SRC is read without
+running code from it (its config and argparse objects stay inert records) unless
+``--unsafe-trust-checkpoint``.
 """
 import argparse
 import os.path as osp
+import pickle
 import sys
 from collections import OrderedDict
 
@@ -34,6 +37,9 @@ def parse_args(argv=None):
                         help='keep the 1000-class head and write an mmpretrain classifier state dict')
     parser.add_argument('--allow-mismatch', action='store_true',
                         help='write DST even if keys are missing or unexpected (they are still listed)')
+    parser.add_argument('--unsafe-trust-checkpoint', action='store_true',
+                        help='fully unpickle SRC, which can run any code it holds; only for files '
+                        'you trust. Default: tensors and plain data only')
     return parser.parse_args(argv)
 
 
@@ -44,10 +50,11 @@ def build_backbone(arch: str):
     return backbone_type(arch=variant, out_indices=(3, ))
 
 
-def convert(src: str, arch: str, keep_head: bool):
+def convert(src: str, arch: str, keep_head: bool, unsafe_trust_checkpoint: bool = False):
     """-> (converted state dict, dropped key -> reason, missing keys, unexpected keys)."""
     family, _ = ARCHS[arch]
-    state_dict = unwrap_state_dict(load_checkpoint_file(src))
+    state_dict = unwrap_state_dict(
+        load_checkpoint_file(src, unsafe_trust_checkpoint=unsafe_trust_checkpoint))
     converted, dropped = convert_official(state_dict, family, keep_head=keep_head)
     backbone = build_backbone(arch)
     weights = strip_prefix(converted, 'backbone.' if keep_head else '')
@@ -65,8 +72,9 @@ def convert(src: str, arch: str, keep_head: bool):
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        converted, dropped, missing, unexpected = convert(args.src, args.arch, args.keep_head)
-    except (ValueError, FileNotFoundError) as err:
+        converted, dropped, missing, unexpected = convert(args.src, args.arch, args.keep_head,
+                                                          args.unsafe_trust_checkpoint)
+    except (ValueError, FileNotFoundError, pickle.UnpicklingError) as err:
         print(f'error: {err}', file=sys.stderr)
         return 1
     for key, reason in dropped.items():
