@@ -42,7 +42,7 @@ def load_checkpoint_file(filename: str, map_location='cpu', unsafe_trust_checkpo
     if not isinstance(unsafe_trust_checkpoint, bool):
         raise ValueError(f'unsafe_trust_checkpoint must be True or False, got '
                          f'{unsafe_trust_checkpoint!r}')
-    if '://' in filename:
+    if any(prefix and filename.startswith(prefix) for prefix in CheckpointLoader._schemes):
         if unsafe_trust_checkpoint:
             raise ValueError(f'unsafe_trust_checkpoint applies to local files; download {filename} '
                              'and pass its path')

@@ -255,10 +255,10 @@ def test_official_polaformer_file_with_its_config_converts_and_loads(tmp_path, m
 
 
 # ---- mmengine's own checkpoints ------------------------------------------------------------------
-def test_mmengine_objects_load_weights_only_with_the_allow_list(tmp_path):
-    """What mmengine's runner pickles: a message hub of HistoryBuffers (with getattr-pickled
-    statistics methods, numpy arrays) and a numpy scalar; optimizer and scheduler state."""
-    hub = MessageHub('ckpt-safety')
+def save_mmengine_like(path):
+    """What mmengine's runner pickles: a message hub of HistoryBuffers (numpy arrays inside, their
+    statistics methods pickled through getattr), a numpy scalar, optimizer and scheduler state."""
+    hub = MessageHub.get_instance('checkpoint-safety')
     for loss in (2.5, 2.0):
         hub.update_scalar('train/loss', loss)
     hub.update_info('eta', np.float64(3.5), resumed=True)
@@ -266,22 +266,45 @@ def test_mmengine_objects_load_weights_only_with_the_allow_list(tmp_path):
     optimizer = torch.optim.AdamW(layer.parameters(), lr=1e-3)
     layer(torch.ones(1, 3)).sum().backward()
     optimizer.step()
-    path = str(tmp_path / 'iter_2.pth')
     torch.save({'meta': dict(epoch=0, iter=2, seed=0), 'state_dict': OrderedDict(layer.state_dict()),
                 'message_hub': hub.state_dict(), 'optimizer': optimizer.state_dict(),
                 'param_schedulers': [dict(last_step=2, base_values=[1e-3], by_epoch=False)]}, path)
+    return optimizer
 
-    with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer'):
-        torch.load(path, weights_only=True)  # torch's defaults alone refuse it
-    with torch.serialization.safe_globals(MMENGINE_CHECKPOINT_GLOBALS):
-        torch.load(path, weights_only=True)
-    with mmengine_log() as messages:
-        checkpoint = load_checkpoint_file(path)
-    assert not [m for m in messages if 'UnloadedObject' in m]
+
+def check_mmengine_like(checkpoint, optimizer):
     history = checkpoint['message_hub']['log_scalars']['train/loss']
     assert type(history) is HistoryBuffer and history.current() == 2.0 and history.mean() == 2.25
     assert checkpoint['message_hub']['runtime_info']['eta'] == np.float64(3.5)
     assert checkpoint['optimizer']['state'][0]['step'] == optimizer.state_dict()['state'][0]['step']
+
+
+def test_mmengine_objects_load_weights_only_with_the_allow_list(tmp_path):
+    path = str(tmp_path / 'iter_2.pth')
+    optimizer = save_mmengine_like(path)
+    with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer'):
+        torch.load(path, weights_only=True)  # torch's defaults alone refuse it
+    with torch.serialization.safe_globals(MMENGINE_CHECKPOINT_GLOBALS):
+        check_mmengine_like(torch.load(path, weights_only=True), optimizer)
+    with mmengine_log() as messages:
+        check_mmengine_like(load_checkpoint_file(path), optimizer)
+    assert not [m for m in messages if 'UnloadedObject' in m]
+
+
+def test_other_schemes_load_through_mmengine_weights_only(tmp_path, monkeypatch):
+    """A scheme mmengine's loader knows (here ``memory://``, standing for http:// and the like)."""
+    monkeypatch.setattr(CheckpointLoader, '_schemes', OrderedDict(CheckpointLoader._schemes))
+    CheckpointLoader.register_scheme('memory://', lambda name, map_location: torch.load(
+        name[len('memory://'):], map_location=map_location))  # torch's default: weights only
+    path = str(tmp_path / 'iter_2.pth')
+    optimizer = save_mmengine_like(path)
+    check_mmengine_like(load_checkpoint_file(f'memory://{path}'), optimizer)
+    malicious, marker = save_malicious(tmp_path)
+    with pytest.raises(pickle.UnpicklingError, match='Weights only load failed'):
+        load_checkpoint_file(f'memory://{malicious}')
+    with pytest.raises(ValueError, match='unsafe_trust_checkpoint applies to local files'):
+        load_checkpoint_file(f'memory://{malicious}', unsafe_trust_checkpoint=True)
+    assert not marker.exists()
 
 
 @pytest.mark.parametrize('attribute', ['update', '__init__'])
