@@ -78,18 +78,23 @@ def save_malicious(tmp_path, payload='os.system'):
     return path, marker
 
 
-OPT_IN_MESSAGE = r'which would run code from the file.*--unsafe-trust-checkpoint.*unsafe_trust_checkpoint=True'
+OPT_IN_MESSAGE = (r'which would run code from the file.*--unsafe-trust-checkpoint.*'
+                  r'unsafe_trust_checkpoint=True')
 
 
 @pytest.mark.parametrize('payload', sorted(PAYLOADS))
 def test_load_checkpoint_file_refuses_code(tmp_path, payload):
     path, marker = save_malicious(tmp_path, payload)
-    called = 'posix.system' if payload.startswith('os.system') else r'(getattr\(pathlib.Path|pathlib.PosixPath)'
+    # protocol 2 writes Path.touch as getattr(Path, 'touch'); protocol 4 by name, after its argument
+    called = ('posix.system' if payload.startswith('os.system') else
+              r'(getattr\(pathlib.Path, .touch.\)|pathlib.PosixPath\(\.\.\.\))')
     with pytest.raises(UnsafeCheckpointError, match=rf'malicious.pth: not loaded: its pickle calls {called}'):
         load_checkpoint_file(path)
     with pytest.raises(UnsafeCheckpointError, match=OPT_IN_MESSAGE):
         load_checkpoint_file(path)
     assert not marker.exists()
+    load_checkpoint_file(path, unsafe_trust_checkpoint=True)  # the payload is real: it runs when asked
+    assert marker.exists()
 
 
 def test_mmengine_load_checkpoint_keeps_torchs_refusal_after_import(tmp_path):
@@ -153,6 +158,27 @@ def test_tools_test_refuses_code_and_names_the_opt_in(tmp_path):
     assert f'error: {path}: not loaded: its pickle calls posix.system(...)' in proc.output
     assert '--unsafe-trust-checkpoint' in proc.output
     assert not marker.exists()
+
+    proc = run(['tools/test.py', CLS_CONFIG, path, '--toy-data', '--work-dir', tmp_path / 'work',
+                '--unsafe-trust-checkpoint'], expect_ok=False)
+    assert f'mmlinattn: fully unpickling {path} (unsafe_trust_checkpoint)' in proc.output
+    assert marker.exists()  # the flag unpickled that file fully, as asked
+
+
+def test_the_tools_trust_only_the_checkpoint_the_run_loads(tmp_path):
+    from mmengine.config import Config
+
+    from _common import trusted_checkpoint
+    (tmp_path / 'iter_4.pth').touch()
+    (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'iter_4.pth'))
+    trusting, not_trusting = argparse.Namespace(unsafe_trust_checkpoint=True), \
+        argparse.Namespace(unsafe_trust_checkpoint=False)
+    assert trusted_checkpoint(not_trusting, Config(dict(load_from='a.pth'))) is None
+    assert trusted_checkpoint(trusting, Config(dict(load_from='a.pth', resume=True))) == 'a.pth'
+    assert trusted_checkpoint(trusting, Config(dict(load_from=None, resume=True,
+                                                    work_dir=str(tmp_path)))) == str(tmp_path / 'iter_4.pth')
+    with pytest.raises(SystemExit, match='--unsafe-trust-checkpoint: this run loads no checkpoint'):
+        trusted_checkpoint(trusting, Config(dict(load_from=None, resume=False, work_dir=str(tmp_path))))
 
 
 # ---- foreign objects beside the weights ----------------------------------------------------------
@@ -258,7 +284,7 @@ def test_official_polaformer_file_with_its_config_converts_and_loads(tmp_path, m
 def save_mmengine_like(path):
     """What mmengine's runner pickles: a message hub of HistoryBuffers (numpy arrays inside, their
     statistics methods pickled through getattr), a numpy scalar, optimizer and scheduler state."""
-    hub = MessageHub.get_instance('checkpoint-safety')
+    hub = MessageHub.get_instance(f'checkpoint-safety-{path}')  # a fresh hub per file
     for loss in (2.5, 2.0):
         hub.update_scalar('train/loss', loss)
     hub.update_info('eta', np.float64(3.5), resumed=True)
