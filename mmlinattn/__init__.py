@@ -12,5 +12,6 @@ patch_mmengine_checkpoint_loading()
 from . import ops  # noqa: E402
 from .registry import MODELS  # noqa: E402
 from . import models  # noqa: E402,F401  (registers the backbones)
+from .configs import config_path  # noqa: E402
 
-__all__ = ['__version__', 'MODELS', 'ops']
+__all__ = ['__version__', 'MODELS', 'config_path', 'ops']
