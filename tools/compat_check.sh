@@ -20,8 +20,14 @@ rm -rf "$SRC" && mkdir -p "$SRC"
 git -C "$ROOT" archive HEAD | tar -x -C "$SRC"
 echo "[compat] $(git -C "$ROOT" log -1 --format='%h %s') -> $SRC"
 cd "$SRC"
-env -u PYTHONPATH MAX_JOBS="${MAX_JOBS:-2}" nice -n 15 "$PY" -m pip install --disable-pip-version-check \
-  --no-build-isolation -e . 2>&1 | tail -n 3
+LOG="$SRC.pip.log"
+if ! env -u PYTHONPATH MAX_JOBS="${MAX_JOBS:-2}" nice -n 15 "$PY" -m pip install -v \
+    --disable-pip-version-check --no-build-isolation -e . >"$LOG" 2>&1; then
+  grep -E 'error|Error' "$LOG" | head -n 20 >&2
+  echo "[compat] FAILED: pip install -e . (log: $LOG)" >&2
+  exit 1
+fi
+echo "[compat] built with $(grep -o -- '-std=c++[0-9]*' "$LOG" | sort | uniq -c | tr -s ' ' | tr '\n' ' ')(compile lines)"
 "$PY" -c 'import torch, mmcv, mmengine, mmlinattn
 print(f"[compat] torch {torch.__version__}, mmcv {mmcv.__version__}, mmengine {mmengine.__version__}, "
       f"mmlinattn {mmlinattn.__version__} from {mmlinattn.__file__} (extension: {mmlinattn.ops.extension_status()})")'
