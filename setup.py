@@ -53,35 +53,25 @@ class BuildPyWithMim(build_py):
     def run(self):
         super().run()
         if self.editable_mode:
-            self._link_mim(os.path.join(ROOT, 'mmlinattn', '.mim'))
+            self._lay_out(os.path.join(ROOT, 'mmlinattn', '.mim'), link=True)
         else:
-            self._copy_mim(os.path.join(self.build_lib, 'mmlinattn', '.mim'))
+            self._lay_out(os.path.join(self.build_lib, 'mmlinattn', '.mim'), link=False)
 
     @staticmethod
-    def _sources():
-        return [(name, os.path.join(ROOT, name)) for name in MIM_FOLDERS
-                if os.path.isdir(os.path.join(ROOT, name))]
-
-    @staticmethod
-    def _clear(path):
-        if os.path.islink(path) or os.path.isfile(path):
-            os.remove(path)
-        elif os.path.isdir(path):
-            shutil.rmtree(path)
-
-    def _copy_mim(self, mim_dir):
+    def _lay_out(mim_dir, link):
         os.makedirs(mim_dir, exist_ok=True)
-        for name, src in self._sources():
-            dst = os.path.join(mim_dir, name)
-            self._clear(dst)
-            shutil.copytree(src, dst, ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
-
-    def _link_mim(self, mim_dir):
-        os.makedirs(mim_dir, exist_ok=True)
-        for name, src in self._sources():
-            dst = os.path.join(mim_dir, name)
-            self._clear(dst)
-            os.symlink(os.path.relpath(src, mim_dir), dst)
+        for name in MIM_FOLDERS:
+            src, dst = os.path.join(ROOT, name), os.path.join(mim_dir, name)
+            if not os.path.isdir(src):
+                continue
+            if os.path.islink(dst) or os.path.isfile(dst):
+                os.remove(dst)
+            elif os.path.isdir(dst):
+                shutil.rmtree(dst)
+            if link:
+                os.symlink(os.path.relpath(src, mim_dir), dst)
+            else:
+                shutil.copytree(src, dst, ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
 
 
 def extension_modules():
