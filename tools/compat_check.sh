@@ -2,7 +2,7 @@
 # Check the committed tree against another Python environment (e.g. an older torch + mmcv stack):
 # copy HEAD into a folder beside that environment, `pip install -e . --no-build-isolation` it there
 # (the extension builds against that environment's torch, with the C++ standard its headers need),
-# and run the op, attention, backbone and packaging tests with that interpreter.
+# and run the op, attention, backbone (not the e2e) and packaging tests with that interpreter.
 #
 # Usage: bash tools/compat_check.sh ENV_PYTHON [pytest args]     (default pytest args: -m "not slow")
 # Env:   COMPAT_SRC  folder for the copy (default: <env>/mmlinattn-src, replaced on each run)
@@ -34,5 +34,7 @@ print(f"[compat] torch {torch.__version__}, mmcv {mmcv.__version__}, mmengine {m
 if [ "$#" -eq 0 ]; then
   set -- -m "not slow"
 fi
-exec env -u PYTHONPATH nice -n 15 "$PY" -m pytest -q -ra -p no:cacheprovider \
+# test_backbones_e2e.py is left out: it trains through the tools on the toy data with mmseg and
+# mmpretrain too, which a detection-only environment does not have.
+exec env -u PYTHONPATH nice -n 15 "$PY" -m pytest -q -ra -p no:cacheprovider --ignore=tests/test_backbones_e2e.py \
   tests/test_ops_*.py tests/test_attention_*.py tests/test_backbones_*.py tests/test_packaging.py "$@"
