@@ -9,5 +9,6 @@ from .version import __version__
 from . import ops
 from .registry import MODELS
 from . import models  # noqa: F401  (registers the backbones)
+from .configs import config_path
 
-__all__ = ['__version__', 'MODELS', 'ops']
+__all__ = ['__version__', 'MODELS', 'config_path', 'ops']

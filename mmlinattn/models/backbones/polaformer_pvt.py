@@ -1,4 +1,5 @@
-"""Pola-PVT: the PVT (v1) pyramid with PolaFormer's polarity-aware linear attention in every block."""
+"""Pola-PVT: the PVT (v1) pyramid with PolaFormer's polarity-aware linear attention in every block
+(docs/models/polaformer.md)."""
 from typing import Dict, List, Sequence, Tuple, Union
 
 import torch
@@ -27,7 +28,7 @@ class PolaPVT(StagedBackbone):
     heads 1/2/5/8, MLP ratios 8/8/4/4, qkv bias, block LayerNorm eps 1e-6 (patch-embed eps 1e-5),
     no cls token, and ``sr_ratios`` 1/1/1/1 (the official ``PVT_LA_SR_RATIOS: 1111``). The
     parameter counts pin this down: with sr 8/4/2/1 Pola-PVT-T would have 14.1M parameters instead
-    of the published 12.9M; with sr 1 it has 12.92M (S 23.16M, M 39.97M, L 54.37M, vs 23.2/40.0/54.4).
+    of the published 12.9M; with sr 1 it has 12.92M (S 23.16M, M 39.96M, L 54.37M, vs 23.2/40.0/54.4).
 
     Any input size works: the image and every stage are zero-padded on the bottom/right to a
     multiple of the patch size, so output i is ``[B, embed_dims[i], ceil(H / 2^(i+2)),

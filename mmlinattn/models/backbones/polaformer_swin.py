@@ -1,4 +1,5 @@
-"""Pola-Swin: Swin with global polarity-aware linear attention in stages 1-2, shifted windows after."""
+"""Pola-Swin: Swin with global polarity-aware linear attention in stages 1-2, shifted windows after
+(docs/models/polaformer.md)."""
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -34,8 +35,8 @@ class PolaSwin(StagedBackbone):
     Stages with ``'window'`` use :class:`ShiftedWindowAttention` with ``window_size`` 7, shifted in
     every odd block, the map zero-padded to a multiple of the window and the shifted regions masked.
     The full-map positional encodings are what the published parameter counts require:
-    Pola-Swin-T has 29.30M parameters with them (S 50.63M, B 89.17M; published 29.3/50.6/89.1),
-    and 28.42M with 7x7 ones.
+    Pola-Swin-T has 29.29M parameters with them (S 50.60M, B 89.14M; published 29.3/50.6/89.1),
+    and 28.41M with 7x7 ones.
 
     Output i is LayerNorm ``norm{i}`` of stage i as ``[B, C*2^i, ceil(H / 2^(i+2)),
     ceil(W / 2^(i+2))]``; ``norm3`` is the official final ``norm``, so ``out_indices=(3,)`` followed

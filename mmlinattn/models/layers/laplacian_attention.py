@@ -1,4 +1,5 @@
-"""LaplacianFormer's attention: normalised Laplacian-kernel attention, Nyström-approximated.
+"""LaplacianFormer's attention: normalised Laplacian-kernel attention, Nyström-approximated
+(docs/models/laplacianformer.md: the maths, the shapes and why each choice was made).
 
 With ``K(a, b) = exp(-||a - b||_1 / lam)`` and a shared query/key projection ``q`` (so the landmark
 Gram matrix is symmetric positive definite), a head computes
