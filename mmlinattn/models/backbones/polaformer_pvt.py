@@ -40,6 +40,10 @@ class PolaPVT(StagedBackbone):
         pretrain_img_size: the input size the position embeddings are defined for.
         qkv_bias: bias of the attention's input projections.
         alpha: the attention power is ``1 + alpha * sigmoid(theta)``.
+        polarity, power, fixed_power: ablations of every attention layer (see
+            :class:`PolarityAttention` and docs/ablations.md): ``polarity='same'`` drops the
+            opposite-sign stream, ``power='fixed'`` uses ``p = fixed_power``. The defaults are the
+            official model.
         kernel_size: of the attention's depthwise conv on v.
         drop_rate: dropout after the position embedding, the attention projection and in the MLP.
         drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
@@ -74,6 +78,9 @@ class PolaPVT(StagedBackbone):
                  qkv_bias: bool = True,
                  alpha: float = 4.0,
                  kernel_size: int = 5,
+                 polarity: str = 'both',
+                 power: str = 'learned',
+                 fixed_power: float = 3.0,
                  drop_rate: float = 0.0,
                  drop_path_rate: float = 0.1,
                  out_indices: Sequence[int] = (0, 1, 2, 3),
@@ -103,7 +110,8 @@ class PolaPVT(StagedBackbone):
             for j in range(self.depths[i]):
                 attn = PolarityAttention(dims, self.num_heads[i], pos_grid=(grid[0] // sr, grid[1] // sr),
                                          sr_ratio=sr, qkv_bias=qkv_bias, kernel_size=kernel_size,
-                                         alpha=alpha, proj_drop=drop_rate)
+                                         alpha=alpha, proj_drop=drop_rate, polarity=polarity,
+                                         power=power, fixed_power=fixed_power)
                 blocks.append(PreNormBlock(attn, dims, self.mlp_ratios[i], norm_eps=self.block_norm_eps,
                                            drop_rate=drop_rate,
                                            drop_path_rate=drop_path_rates[sum(self.depths[:i]) + j],

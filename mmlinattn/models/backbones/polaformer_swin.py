@@ -50,6 +50,10 @@ class PolaSwin(StagedBackbone):
         mlp_ratio: hidden width of the MLPs / channels.
         qkv_bias: bias of the attention's input projections.
         alpha: the polarity attention's power is ``1 + alpha * sigmoid(theta)``.
+        polarity, power, fixed_power: ablations of the polarity attention layers (see
+            :class:`PolarityAttention` and docs/ablations.md): ``polarity='same'`` drops the
+            opposite-sign stream, ``power='fixed'`` uses ``p = fixed_power``. The defaults are the
+            official model.
         kernel_size: of the polarity attention's depthwise conv on v.
         drop_rate, attn_drop_rate: dropout (patch embedding, projections, MLPs; window attention).
         drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
@@ -83,6 +87,9 @@ class PolaSwin(StagedBackbone):
                  qkv_bias: bool = True,
                  alpha: float = 4.0,
                  kernel_size: int = 5,
+                 polarity: str = 'both',
+                 power: str = 'learned',
+                 fixed_power: float = 3.0,
                  drop_rate: float = 0.0,
                  attn_drop_rate: float = 0.0,
                  drop_path_rate: float = 0.2,
@@ -112,7 +119,8 @@ class PolaSwin(StagedBackbone):
                 if self.attn_types[i] == 'polarity':
                     attn = PolarityAttention(dims, self.num_heads[i], pos_grid=(resolution, resolution),
                                              fused_qkvg=True, qkv_bias=qkv_bias, kernel_size=kernel_size,
-                                             alpha=alpha, proj_drop=drop_rate)
+                                             alpha=alpha, proj_drop=drop_rate, polarity=polarity,
+                                             power=power, fixed_power=fixed_power)
                 else:
                     attn = ShiftedWindowAttention(dims, self.num_heads[i], window_size, shift=j % 2 == 1,
                                                   qkv_bias=qkv_bias, attn_drop=attn_drop_rate,
