@@ -8,7 +8,8 @@ from torch import nn
 from mmlinattn.registry import MODELS
 from ..layers import PatchEmbed, PolarityAttention, PreNormBlock, resize_pos_embed
 from .base import StagedBackbone, StateDict
-from .polaformer_converter import convert_official, is_official_polaformer
+from .polaformer_converter import (check_official_settings, convert_official,
+                                   is_official_polaformer)
 
 
 @MODELS.register_module()
@@ -137,8 +138,10 @@ class PolaPVT(StagedBackbone):
             trunc_normal_(getattr(self, f'pos_embed{i + 1}'), std=0.02)
 
     def convert_state_dict(self, state_dict: StateDict) -> Tuple[StateDict, Dict[str, str]]:
-        """Official PolaFormer files (recognised by their keys) to this backbone's keys."""
+        """Official PolaFormer files (recognised by their keys) to this backbone's keys; a file made
+        for another input (or window) size fails naming the settings to build with."""
         if is_official_polaformer(state_dict):
+            check_official_settings(state_dict, 'pvt', self)
             return convert_official(state_dict, 'pvt')
         return state_dict, {}
 

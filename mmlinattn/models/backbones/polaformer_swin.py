@@ -8,7 +8,8 @@ from torch import nn
 from mmlinattn.registry import MODELS
 from ..layers import PatchEmbed, PatchMerging, PolarityAttention, PreNormBlock, ShiftedWindowAttention
 from .base import StagedBackbone, StateDict
-from .polaformer_converter import convert_official, is_official_polaformer
+from .polaformer_converter import (check_official_settings, convert_official,
+                                   is_official_polaformer)
 
 ATTN_TYPES = ('polarity', 'window')
 
@@ -106,6 +107,7 @@ class PolaSwin(StagedBackbone):
             raise ValueError(f'arch attn_types must be drawn from {ATTN_TYPES}, got {self.attn_types}')
         self.embed_dims = [self.arch['embed_dims'] * 2**i for i in range(self.num_stages)]
         self.pretrain_img_size = pretrain_img_size
+        self.window_size = window_size
 
         self.patch_embed = PatchEmbed(in_channels, self.embed_dims[0], self.patch_size)
         self.pos_drop = nn.Dropout(drop_rate)
@@ -149,8 +151,10 @@ class PolaSwin(StagedBackbone):
                 trunc_normal_(module.relative_position_bias_table, std=0.02)
 
     def convert_state_dict(self, state_dict: StateDict) -> Tuple[StateDict, Dict[str, str]]:
-        """Official PolaFormer files (recognised by their keys) to this backbone's keys."""
+        """Official PolaFormer files (recognised by their keys) to this backbone's keys; a file made
+        for another input (or window) size fails naming the settings to build with."""
         if is_official_polaformer(state_dict):
+            check_official_settings(state_dict, 'swin', self)
             return convert_official(state_dict, 'swin')
         return state_dict, {}
 
