@@ -33,6 +33,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 import torch
+from torch import nn
 
 from benchmarks.common import REPO_ROOT, Section, environment, format_table, write_json
 
@@ -58,6 +59,17 @@ MODELS: Dict[str, dict] = {
 SCHEDULE_KEYS = ('iters', 'batch', 'img_size', 'lr', 'warmup', 'eval_interval', 'toy_root')
 
 
+class TupleOutputs(nn.Module):
+    """mmdet's backbones return a list; mmpretrain's necks take a tuple."""
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, x):
+        return tuple(self.backbone(x))
+
+
 def build_classifier(entry: dict, num_classes: int):
     """The mmpretrain classifier of ``entry`` (see ``MODELS``), its data preprocessor and the config."""
     from mmengine.config import Config
@@ -80,6 +92,8 @@ def build_classifier(entry: dict, num_classes: int):
     model_cfg.data_preprocessor = dict(cfg.data_preprocessor, num_classes=num_classes)
     model = PRETRAIN_MODELS.build(model_cfg)
     model.init_weights()
+    if 'replace_backbone' in entry:
+        model.backbone = TupleOutputs(model.backbone)
     return model, cfg
 
 
