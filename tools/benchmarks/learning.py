@@ -29,7 +29,7 @@ import random
 import statistics
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 import torch
@@ -217,31 +217,39 @@ def summarise(results: List[dict], schedule: dict) -> Section:
 
 
 def plot(results: List[dict], schedule: dict, path: str) -> None:
+    """Per model, the mean over its seeds (training loss as a moving mean; validation top-1 with
+    the seeds' range shaded)."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     names = list(dict.fromkeys(r['name'] for r in results))
-    colours = dict(zip(names, plt.get_cmap('tab10')(range(len(names)))))
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(13, 4.8))
+    colours = plt.get_cmap('tab10')(range(len(names)))
+    styles = ['-', '--', ':', '-.']
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(14, 5))
     window = max(1, min(10, schedule['iters'] // 5))
-    for r in results:
-        loss = np.convolve(r['loss'], np.ones(window) / window, mode='valid')
-        label = f'{r["name"]} (seed {r["seed"]})'
-        ax_loss.plot(np.arange(window, len(r['loss']) + 1), loss, color=colours[r['name']], label=label)
-        ax_acc.plot([e['iter'] for e in r['evals']], [e['top1'] for e in r['evals']], marker='o',
-                    markersize=3, color=colours[r['name']], label=label)
+    for i, (name, colour) in enumerate(zip(names, colours)):
+        runs = [r for r in results if r['name'] == name]
+        seeds = ' '.join(str(r['seed']) for r in runs)
+        style = dict(color=colour, linestyle=styles[i % len(styles)], label=f'{name} (seeds {seeds})')
+        loss = np.mean([np.convolve(r['loss'], np.ones(window) / window, mode='valid') for r in runs],
+                       axis=0)
+        ax_loss.plot(np.arange(window, window + len(loss)), loss, **style)
+        iters = [e['iter'] for e in runs[0]['evals']]
+        top1 = np.array([[e['top1'] for e in r['evals']] for r in runs])
+        ax_acc.plot(iters, top1.mean(0), marker='o', markersize=3, **style)
+        ax_acc.fill_between(iters, top1.min(0), top1.max(0), color=colour, alpha=0.12)
     ax_loss.set_xlabel('iteration')
-    ax_loss.set_ylabel(f'training loss (moving mean over {window})')
+    ax_loss.set_ylabel(f'training loss (moving mean over {window}, mean over the seeds)')
     ax_acc.set_xlabel('iteration')
-    ax_acc.set_ylabel('toy validation top-1 (%)')
+    ax_acc.set_ylabel('toy validation top-1 (%): mean, seeds\' range shaded')
     for ax in (ax_loss, ax_acc):
         ax.grid(True, linewidth=0.3, alpha=0.5)
-    ax_acc.legend(fontsize=7)
+    ax_acc.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1.0))
     fig.suptitle('TOY SET learning curves, from scratch (' + ', '.join(
         f'{k}={schedule[k]}' for k in ('iters', 'batch', 'img_size', 'lr')) + ')', fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches='tight')
     plt.close(fig)
 
 
