@@ -23,6 +23,8 @@ class Case:
     iters: int
     metrics: List[str]
     eval_images: int = None  # all validation images when None
+    lr: float = None  # the config's when None
+    batch_size: int = 2
     edits: Dict[str, object] = field(default_factory=dict)
 
 
@@ -30,9 +32,14 @@ CASES = [
     Case('configs/mask_rcnn_laplacian_tiny_1x_coco.py', 128, 16,
          ['coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP', 'coco/segm_mAP_50'], eval_images=8,
          edits=SMALL_MASK_RCNN),
-    Case('configs/fpn_pola_pvt_tiny_512x512_80k_ade20k.py', 128, 20, ['mIoU', 'aAcc', 'mAcc'],
-         eval_images=8),
-    Case('configs/pola_swin_tiny_8xb128_in1k.py', 64, 20, ['accuracy/top1', 'accuracy/top5']),
+    # the config's 6e-5 (for 80k iterations) leaves the loss flat over 20 iterations; 3e-4 brings it
+    # from 4.7 to 3.2 (mean of iterations 7-16)
+    Case('configs/fpn_pola_pvt_tiny_512x512_80k_ade20k.py', 96, 16, ['mIoU', 'aAcc', 'mAcc'],
+         eval_images=8, lr=3e-4),
+    # the config's 1e-3 (for batch 1024) first raises the loss of 2-image batches to 9; 3e-4 with 8
+    # images brings it from 6.8 to about 5 (all 100 validation images: the toy set sorts them by class)
+    Case('configs/pola_swin_tiny_8xb128_in1k.py', 64, 16, ['accuracy/top1', 'accuracy/top5'],
+         lr=3e-4, batch_size=8),
 ]
 
 
@@ -56,7 +63,8 @@ def test_train_checkpoint_test(tmp_path, case):
         edits.update({'val_evaluator.outfile_prefix': str(tmp_path / 'val'),
                       'test_evaluator.outfile_prefix': str(tmp_path / 'test')})
     config = toy_config(case.config, tmp_path / 'config.py', case.side, case.iters,
-                        eval_images=case.eval_images, **edits)
+                        eval_images=case.eval_images, batch_size=case.batch_size, lr=case.lr,
+                        **edits)
     run(['tools/train.py', config, '--work-dir', work])
 
     train, validation = scalars(work)
@@ -65,7 +73,7 @@ def test_train_checkpoint_test(tmp_path, case):
     assert np.isfinite(losses).all(), losses
     # the last record averages the last 10 iterations (mmengine's log window), the first is one
     assert losses[-1] < 0.9 * losses[0], losses
-    assert [r['step'] for r in validation] == [case.iters]
+    assert len(validation) == 1  # at the end of training (mmengine records it as step 0)
     checkpoint = work / f'iter_{case.iters}.pth'
     assert checkpoint.is_file()
 
