@@ -20,3 +20,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if 'cuda' in item.keywords:
             item.add_marker(skip_cuda)
+
+
+@pytest.fixture(autouse=True)
+def isolated_default_scope():
+    """Undo the mmengine default scope a test sets (``init_default_scope``, a Runner): registries
+    build through the current default scope, so one left behind changes what later tests build."""
+    from mmengine.registry import DefaultScope
+    saved = DefaultScope._instance_dict.copy()
+    yield
+    DefaultScope._instance_dict = saved

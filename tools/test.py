@@ -11,7 +11,8 @@ import os.path as osp
 import sys
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from _common import add_common_args, build_runner, check_data_roots, load_config  # noqa: E402
+from _common import (add_common_args, build_runner, check_data_roots, checkpoint_loading,  # noqa: E402
+                     load_config)
 
 
 def parse_args(argv=None):
@@ -52,8 +53,9 @@ def main(argv=None):
     if args.show_dir:
         enable_show_dir(cfg, args.show_dir)
     check_data_roots(cfg, ('test',))
-    runner = build_runner(cfg)
-    metrics = runner.test()
+    with checkpoint_loading(args, cfg):
+        runner = build_runner(cfg)
+        metrics = runner.test()
     if runner.rank == 0:
         print('\n' + format_metrics(metrics), flush=True)
         if args.out_json:

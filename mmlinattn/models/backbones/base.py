@@ -5,7 +5,9 @@ named variants), ``arch_defaults`` (what a variant may leave out), ``stage_modul
 ``init_default_weights()`` and, where a foreign checkpoint layout or a resized parameter needs it,
 ``convert_state_dict``. mmdet's Swin/PVT conventions hold throughout: ``out_indices``,
 ``frozen_stages`` (the first stages get no gradients and stay in eval mode), ``norm_eval`` (BatchNorm
-layers stay in eval mode) and ``init_cfg=dict(type='Pretrained', checkpoint=..., prefix=...)``.
+layers stay in eval mode) and ``init_cfg=dict(type='Pretrained', checkpoint=..., prefix=...)``, read
+with :func:`mmlinattn.checkpoint.load_checkpoint_file` (no code from the file runs unless
+``unsafe_trust_checkpoint=True``).
 """
 import re
 from collections import OrderedDict
@@ -72,8 +74,9 @@ class StagedBackbone(BaseModule):
             -1 or 0 freezes nothing.
         norm_eval: keep the BatchNorm layers in eval mode while training.
         init_cfg: None (the family's own initialisation, :meth:`init_default_weights`),
-            ``dict(type='Pretrained', checkpoint=PATH, prefix=None, strict=True)`` (:meth:`load_pretrained`)
-            or any other mmengine init config.
+            ``dict(type='Pretrained', checkpoint=PATH, prefix=None, strict=True,
+            unsafe_trust_checkpoint=False)`` (:meth:`load_pretrained`) or any other mmengine init
+            config.
     """
 
     num_stages = 4
@@ -156,8 +159,10 @@ class StagedBackbone(BaseModule):
     # ---- initialisation and checkpoints ------------------------------------------------------
     def init_weights(self) -> None:
         if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
-            self.load_pretrained(self.init_cfg['checkpoint'], prefix=self.init_cfg.get('prefix'),
-                                 strict=self.init_cfg.get('strict', True))
+            self.load_pretrained(
+                self.init_cfg['checkpoint'], prefix=self.init_cfg.get('prefix'),
+                strict=self.init_cfg.get('strict', True),
+                unsafe_trust_checkpoint=self.init_cfg.get('unsafe_trust_checkpoint', False))
         elif self.init_cfg is None:
             self.init_default_weights()
         else:
@@ -180,17 +185,20 @@ class StagedBackbone(BaseModule):
         """
         return state_dict, {}
 
-    def load_pretrained(self, checkpoint: str, prefix: Optional[str] = None,
-                        strict: bool = True) -> Tuple[List[str], List[str]]:
+    def load_pretrained(self, checkpoint: str, prefix: Optional[str] = None, strict: bool = True,
+                        unsafe_trust_checkpoint: bool = False) -> Tuple[List[str], List[str]]:
         """Load the backbone weights of ``checkpoint`` (a backbone's, a whole model's with
         ``prefix`` or ``backbone.`` keys, or a layout :meth:`convert_state_dict` knows).
 
         A shape mismatch fails naming the key. With ``strict``, keys the backbone does not have
         (unexpected) and keys it has but the file lacks (missing, except ``keys_allowed_missing``)
-        fail naming them, before anything is loaded; otherwise they are logged. Returns
-        ``(missing, unexpected)``.
+        fail naming them, before anything is loaded; otherwise they are logged. The file is read
+        without running code from it unless ``unsafe_trust_checkpoint``
+        (:func:`~mmlinattn.checkpoint.load_checkpoint_file`). Returns ``(missing, unexpected)``.
         """
-        state_dict = strip_prefix(unwrap_state_dict(load_checkpoint_file(checkpoint)), prefix)
+        checkpoint_dict = load_checkpoint_file(checkpoint,
+                                               unsafe_trust_checkpoint=unsafe_trust_checkpoint)
+        state_dict = strip_prefix(unwrap_state_dict(checkpoint_dict), prefix)
         state_dict, dropped = self.convert_state_dict(state_dict)
         check_shapes(self, state_dict, source=checkpoint)
         own = self.state_dict()

@@ -20,9 +20,10 @@ class LaplacianFormerBlock(nn.Module):
     """
 
     def __init__(self, embed_dims: int, num_heads: int, landmark_ratio: int, local_kernel_size: int,
-                 mlp_ratio: float = 4.0, lam: float = 4.0, drop_rate: float = 0.0,
+                 mlp_ratio: float = 4.0, lam: Optional[float] = None, drop_rate: float = 0.0,
                  drop_path_rate: float = 0.0, ns_iters: int = 20, ns_eps: float = 1e-2,
                  max_landmark_grid: Optional[Union[int, Tuple[int, int]]] = None,
+                 kernel: str = 'laplacian', inverse: str = 'newton_schulz', cg_iters: int = 20,
                  norm_cfg: dict = dict(type='LN', eps=1e-6), with_cp: bool = False):
         super().__init__()
         self.with_cp = with_cp
@@ -30,7 +31,8 @@ class LaplacianFormerBlock(nn.Module):
         self.attn = LaplacianAttention(embed_dims, num_heads, landmark_ratio, lam=lam,
                                        local_kernel_size=local_kernel_size, proj_drop=drop_rate,
                                        ns_iters=ns_iters, ns_eps=ns_eps,
-                                       max_landmark_grid=max_landmark_grid)
+                                       max_landmark_grid=max_landmark_grid, kernel=kernel,
+                                       inverse=inverse, cg_iters=cg_iters)
         self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
         self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
         self.ffn = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate)
@@ -98,11 +100,16 @@ class LaplacianFormer(StagedBackbone):
         in_channels: image channels.
         stem_channels: width of the stem's first two convs.
         mlp_ratio: FFN hidden width / embed dims.
-        lam: Laplacian kernel bandwidth.
+        lam: the Laplacian kernel's bandwidth (None: 4); must stay None with ``kernel='gaussian'``.
+        kernel: 'laplacian' (the paper) or 'gaussian' (SOFT's ``exp(-||q-k||_2^2 / 2)`` with q
+            scaled by ``d^-1/4``), in every attention layer (ablation; see docs/ablations.md).
+        inverse: the landmark solve, 'newton_schulz' (the paper), 'exact' (Cholesky) or
+            'conjugate_gradient' (``cg_iters`` steps); ablation, see docs/ablations.md.
+        cg_iters: conjugate-gradient steps with ``inverse='conjugate_gradient'``.
         pretrain_img_size: the input size the position embeddings are defined for.
         drop_rate: dropout after position embedding, attention projection and FFN.
         drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
-        ns_iters, ns_eps: Newton–Schulz steps and diagonal shift of the landmark Gram inverse.
+        ns_iters, ns_eps: Newton–Schulz steps and the diagonal shift of the landmark system.
         max_landmark_grid: the landmark conv output is average-pooled to at most this grid
             (int or (gh, gw)). The default, 7, is the grid of a 224^2 input in every stage: the
             224^2 model is unchanged and the cost stays linear in the number of pixels. None is the
@@ -136,13 +143,16 @@ class LaplacianFormer(StagedBackbone):
                  in_channels: int = 3,
                  stem_channels: int = 32,
                  mlp_ratio: float = 4.0,
-                 lam: float = 4.0,
+                 lam: Optional[float] = None,
                  pretrain_img_size: int = 224,
                  drop_rate: float = 0.0,
                  drop_path_rate: float = 0.1,
                  ns_iters: int = 20,
                  ns_eps: float = 1e-2,
                  max_landmark_grid: Optional[Union[int, Tuple[int, int]]] = 7,
+                 kernel: str = 'laplacian',
+                 inverse: str = 'newton_schulz',
+                 cg_iters: int = 20,
                  out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
@@ -174,7 +184,8 @@ class LaplacianFormer(StagedBackbone):
                                      self.local_kernel_sizes[i], mlp_ratio=mlp_ratio, lam=lam,
                                      drop_rate=drop_rate, drop_path_rate=drop_path_rates[first + j],
                                      ns_iters=ns_iters, ns_eps=ns_eps,
-                                     max_landmark_grid=max_landmark_grid, norm_cfg=norm_cfg,
+                                     max_landmark_grid=max_landmark_grid, kernel=kernel,
+                                     inverse=inverse, cg_iters=cg_iters, norm_cfg=norm_cfg,
                                      with_cp=with_cp) for j in range(self.depths[i])
             ]
             pos_grid = (-(-pretrain_img_size // stride), ) * 2

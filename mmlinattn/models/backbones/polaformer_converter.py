@@ -17,7 +17,12 @@ the unused PVT ``norm``, the buffers, which are recomputed) and renames Swin's f
 ``norm3`` (the backbone's stage-4 output norm, applied before the classifier's pooling, as in the
 official forward). With ``keep_head`` the result is an mmpretrain ``ImageClassifier`` state dict
 (``backbone.*`` and ``head.fc.*``).
+
+:func:`official_model_settings` reads the input size and window size a file was made for from its
+shapes (the official Pola-Swin-B at 384^2 uses window 12), so the model to convert into can be
+built to match.
 """
+import math
 import re
 from collections import OrderedDict
 from typing import Dict, Mapping, Optional, Tuple
@@ -49,6 +54,49 @@ def detect_family(state_dict: Mapping) -> Optional[str]:
     if any(re.match(r'(backbone\.)?layers\.0\.blocks\.\d+\.', k) for k in keys):
         return 'swin'
     return None
+
+
+def _square_side(key: str, tokens: int) -> int:
+    side = math.isqrt(tokens)
+    if side * side != tokens:
+        raise ValueError(f'{key} holds {tokens} tokens, not a square grid; give the image size '
+                         'explicitly')
+    return side
+
+
+def official_model_settings(state_dict: Mapping, family: str) -> Dict[str, int]:
+    """``pretrain_img_size`` (and for Pola-Swin ``window_size``) of the model a file was made for.
+
+    Pola-PVT: ``pos_embed1`` is ``[1, (S/4)^2, C]``. Pola-Swin: ``layers.0.blocks.0.attn.
+    positional_encoding`` is ``[1, (S/4)^2, C]``, a window stage's ``relative_position_bias_table``
+    ``[(2w - 1)^2, heads]``. ``state_dict``: official or converted keys (``backbone.`` allowed).
+    """
+    if family not in FAMILIES:
+        raise ValueError(f'family must be one of {FAMILIES}, got {family!r}')
+    shapes = {k[len('backbone.'):] if k.startswith('backbone.') else k: tuple(v.shape)
+              for k, v in unwrap_state_dict(state_dict).items()}
+    size_key = 'pos_embed1' if family == 'pvt' else 'layers.0.blocks.0.attn.positional_encoding'
+    if size_key not in shapes:
+        raise ValueError(f'{size_key} is missing: cannot tell the image size the weights are for')
+    settings = dict(pretrain_img_size=4 * _square_side(size_key, shapes[size_key][1]))
+    if family == 'swin':
+        tables = [k for k in shapes if k.endswith('.attn.relative_position_bias_table')]
+        if not tables:
+            raise ValueError('no relative_position_bias_table: cannot tell the window size')
+        settings['window_size'] = (_square_side(tables[0], shapes[tables[0]][0]) + 1) // 2
+    return settings
+
+
+def check_official_settings(state_dict: Mapping, family: str, backbone) -> None:
+    """Raise ``ValueError`` naming the settings when an official file was made for another input or
+    window size than ``backbone`` (a PolaPVT / PolaSwin) is built for."""
+    wanted = official_model_settings(state_dict, family)
+    built = {name: getattr(backbone, name) for name in wanted}
+    if wanted != built:
+        given = ', '.join(f'{k}={v}' for k, v in wanted.items())
+        raise ValueError(f'the checkpoint was made for {given}, but {type(backbone).__name__} is '
+                         f'built with {", ".join(f"{k}={v}" for k, v in built.items())}; build the '
+                         f'backbone with {given}')
 
 
 def is_official_polaformer(state_dict: Mapping) -> bool:

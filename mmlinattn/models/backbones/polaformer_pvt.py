@@ -1,4 +1,5 @@
-"""Pola-PVT: the PVT (v1) pyramid with PolaFormer's polarity-aware linear attention in every block."""
+"""Pola-PVT: the PVT (v1) pyramid with PolaFormer's polarity-aware linear attention in every block
+(docs/models/polaformer.md)."""
 from typing import Dict, List, Sequence, Tuple, Union
 
 import torch
@@ -8,7 +9,8 @@ from torch import nn
 from mmlinattn.registry import MODELS
 from ..layers import PatchEmbed, PolarityAttention, PreNormBlock, resize_pos_embed
 from .base import StagedBackbone, StateDict
-from .polaformer_converter import convert_official, is_official_polaformer
+from .polaformer_converter import (check_official_settings, convert_official,
+                                   is_official_polaformer)
 
 
 @MODELS.register_module()
@@ -27,7 +29,7 @@ class PolaPVT(StagedBackbone):
     heads 1/2/5/8, MLP ratios 8/8/4/4, qkv bias, block LayerNorm eps 1e-6 (patch-embed eps 1e-5),
     no cls token, and ``sr_ratios`` 1/1/1/1 (the official ``PVT_LA_SR_RATIOS: 1111``). The
     parameter counts pin this down: with sr 8/4/2/1 Pola-PVT-T would have 14.1M parameters instead
-    of the published 12.9M; with sr 1 it has 12.92M (S 23.16M, M 39.97M, L 54.37M, vs 23.2/40.0/54.4).
+    of the published 12.9M; with sr 1 it has 12.92M (S 23.16M, M 39.96M, L 54.37M, vs 23.2/40.0/54.4).
 
     Any input size works: the image and every stage are zero-padded on the bottom/right to a
     multiple of the patch size, so output i is ``[B, embed_dims[i], ceil(H / 2^(i+2)),
@@ -40,6 +42,10 @@ class PolaPVT(StagedBackbone):
         pretrain_img_size: the input size the position embeddings are defined for.
         qkv_bias: bias of the attention's input projections.
         alpha: the attention power is ``1 + alpha * sigmoid(theta)``.
+        polarity, power, fixed_power: ablations of every attention layer (see
+            :class:`PolarityAttention` and docs/ablations.md): ``polarity='same'`` drops the
+            opposite-sign stream, ``power='fixed'`` uses ``p = fixed_power``. The defaults are the
+            official model.
         kernel_size: of the attention's depthwise conv on v.
         drop_rate: dropout after the position embedding, the attention projection and in the MLP.
         drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
@@ -74,6 +80,9 @@ class PolaPVT(StagedBackbone):
                  qkv_bias: bool = True,
                  alpha: float = 4.0,
                  kernel_size: int = 5,
+                 polarity: str = 'both',
+                 power: str = 'learned',
+                 fixed_power: float = 3.0,
                  drop_rate: float = 0.0,
                  drop_path_rate: float = 0.1,
                  out_indices: Sequence[int] = (0, 1, 2, 3),
@@ -103,7 +112,8 @@ class PolaPVT(StagedBackbone):
             for j in range(self.depths[i]):
                 attn = PolarityAttention(dims, self.num_heads[i], pos_grid=(grid[0] // sr, grid[1] // sr),
                                          sr_ratio=sr, qkv_bias=qkv_bias, kernel_size=kernel_size,
-                                         alpha=alpha, proj_drop=drop_rate)
+                                         alpha=alpha, proj_drop=drop_rate, polarity=polarity,
+                                         power=power, fixed_power=fixed_power)
                 blocks.append(PreNormBlock(attn, dims, self.mlp_ratios[i], norm_eps=self.block_norm_eps,
                                            drop_rate=drop_rate,
                                            drop_path_rate=drop_path_rates[sum(self.depths[:i]) + j],
@@ -129,8 +139,10 @@ class PolaPVT(StagedBackbone):
             trunc_normal_(getattr(self, f'pos_embed{i + 1}'), std=0.02)
 
     def convert_state_dict(self, state_dict: StateDict) -> Tuple[StateDict, Dict[str, str]]:
-        """Official PolaFormer files (recognised by their keys) to this backbone's keys."""
+        """Official PolaFormer files (recognised by their keys) to this backbone's keys; a file made
+        for another input (or window) size fails naming the settings to build with."""
         if is_official_polaformer(state_dict):
+            check_official_settings(state_dict, 'pvt', self)
             return convert_official(state_dict, 'pvt')
         return state_dict, {}
 

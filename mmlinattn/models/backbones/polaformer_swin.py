@@ -1,4 +1,5 @@
-"""Pola-Swin: Swin with global polarity-aware linear attention in stages 1-2, shifted windows after."""
+"""Pola-Swin: Swin with global polarity-aware linear attention in stages 1-2, shifted windows after
+(docs/models/polaformer.md)."""
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -8,7 +9,8 @@ from torch import nn
 from mmlinattn.registry import MODELS
 from ..layers import PatchEmbed, PatchMerging, PolarityAttention, PreNormBlock, ShiftedWindowAttention
 from .base import StagedBackbone, StateDict
-from .polaformer_converter import convert_official, is_official_polaformer
+from .polaformer_converter import (check_official_settings, convert_official,
+                                   is_official_polaformer)
 
 ATTN_TYPES = ('polarity', 'window')
 
@@ -34,8 +36,8 @@ class PolaSwin(StagedBackbone):
     Stages with ``'window'`` use :class:`ShiftedWindowAttention` with ``window_size`` 7, shifted in
     every odd block, the map zero-padded to a multiple of the window and the shifted regions masked.
     The full-map positional encodings are what the published parameter counts require:
-    Pola-Swin-T has 29.30M parameters with them (S 50.63M, B 89.17M; published 29.3/50.6/89.1),
-    and 28.42M with 7x7 ones.
+    Pola-Swin-T has 29.29M parameters with them (S 50.60M, B 89.14M; published 29.3/50.6/89.1),
+    and 28.41M with 7x7 ones.
 
     Output i is LayerNorm ``norm{i}`` of stage i as ``[B, C*2^i, ceil(H / 2^(i+2)),
     ceil(W / 2^(i+2))]``; ``norm3`` is the official final ``norm``, so ``out_indices=(3,)`` followed
@@ -50,6 +52,10 @@ class PolaSwin(StagedBackbone):
         mlp_ratio: hidden width of the MLPs / channels.
         qkv_bias: bias of the attention's input projections.
         alpha: the polarity attention's power is ``1 + alpha * sigmoid(theta)``.
+        polarity, power, fixed_power: ablations of the polarity attention layers (see
+            :class:`PolarityAttention` and docs/ablations.md): ``polarity='same'`` drops the
+            opposite-sign stream, ``power='fixed'`` uses ``p = fixed_power``. The defaults are the
+            official model.
         kernel_size: of the polarity attention's depthwise conv on v.
         drop_rate, attn_drop_rate: dropout (patch embedding, projections, MLPs; window attention).
         drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
@@ -83,6 +89,9 @@ class PolaSwin(StagedBackbone):
                  qkv_bias: bool = True,
                  alpha: float = 4.0,
                  kernel_size: int = 5,
+                 polarity: str = 'both',
+                 power: str = 'learned',
+                 fixed_power: float = 3.0,
                  drop_rate: float = 0.0,
                  attn_drop_rate: float = 0.0,
                  drop_path_rate: float = 0.2,
@@ -99,6 +108,7 @@ class PolaSwin(StagedBackbone):
             raise ValueError(f'arch attn_types must be drawn from {ATTN_TYPES}, got {self.attn_types}')
         self.embed_dims = [self.arch['embed_dims'] * 2**i for i in range(self.num_stages)]
         self.pretrain_img_size = pretrain_img_size
+        self.window_size = window_size
 
         self.patch_embed = PatchEmbed(in_channels, self.embed_dims[0], self.patch_size)
         self.pos_drop = nn.Dropout(drop_rate)
@@ -112,7 +122,8 @@ class PolaSwin(StagedBackbone):
                 if self.attn_types[i] == 'polarity':
                     attn = PolarityAttention(dims, self.num_heads[i], pos_grid=(resolution, resolution),
                                              fused_qkvg=True, qkv_bias=qkv_bias, kernel_size=kernel_size,
-                                             alpha=alpha, proj_drop=drop_rate)
+                                             alpha=alpha, proj_drop=drop_rate, polarity=polarity,
+                                             power=power, fixed_power=fixed_power)
                 else:
                     attn = ShiftedWindowAttention(dims, self.num_heads[i], window_size, shift=j % 2 == 1,
                                                   qkv_bias=qkv_bias, attn_drop=attn_drop_rate,
@@ -141,8 +152,10 @@ class PolaSwin(StagedBackbone):
                 trunc_normal_(module.relative_position_bias_table, std=0.02)
 
     def convert_state_dict(self, state_dict: StateDict) -> Tuple[StateDict, Dict[str, str]]:
-        """Official PolaFormer files (recognised by their keys) to this backbone's keys."""
+        """Official PolaFormer files (recognised by their keys) to this backbone's keys; a file made
+        for another input (or window) size fails naming the settings to build with."""
         if is_official_polaformer(state_dict):
+            check_official_settings(state_dict, 'swin', self)
             return convert_official(state_dict, 'swin')
         return state_dict, {}
 
