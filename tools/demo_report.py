@@ -88,9 +88,9 @@ def plot_curves(pretrain, finetune, out_path: str) -> None:
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
     panels = ((axes[0], pretrain, 'pretraining: LaplacianFormer-T classifier, toy-ImageNet',
-               (('accuracy/top1', 'val top-1 (%)', 1.0),)),
+               (('accuracy/top1', 'val top-1 (%)'),)),
               (axes[1], finetune, 'fine-tuning: Mask R-CNN from the classifier, toy-COCO',
-               tuple((key, key.split('/')[1].replace('_mAP', ' mAP'), 1.0) for key in AP_KEYS)))
+               tuple((key, key.split('/')[1].replace('_mAP', ' mAP')) for key in AP_KEYS)))
     for axis, (train_rows, val_rows), title, metrics in panels:
         axis.plot([r['iter'] for r in train_rows], [r['loss'] for r in train_rows], color='0.35',
                   label='training loss')
@@ -99,7 +99,7 @@ def plot_curves(pretrain, finetune, out_path: str) -> None:
         axis.set_title(title, fontsize=10)
         ends = epoch_end_iters(train_rows)
         metric_axis = axis.twinx()
-        for key, label, _ in metrics:
+        for key, label in metrics:
             points = [(ends[r['step']], r[key]) for r in val_rows if key in r and r['step'] in ends]
             if points:
                 metric_axis.plot(*zip(*points), marker='o', label=label)

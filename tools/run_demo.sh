@@ -3,7 +3,7 @@
 # bbox/segm AP.
 #
 # With data/coco: the config's full schedule on COCO (tools/train.py), then tools/test.py.
-# Without it, the real workflow in miniature on the bundled synthetic sets (data/toy, ~13 min on
+# Without it, the real workflow in miniature on the bundled synthetic sets (data/toy, 12-13 min on
 # 2 CPU cores):
 #   1. pretrain LaplacianFormer-T as a classifier on toy-ImageNet (configs/toy/laplacianformer_tiny_toy_imagenet.py),
 #   2. fine-tune Mask R-CNN (configs/toy/mask_rcnn_laplacian_tiny_toy_coco.py, i.e. the 1x config's
@@ -16,9 +16,9 @@
 #   WORK_DIR         output folder (default work_dirs/toy_demo, or work_dirs/<config> on COCO)
 #   CONFIG           the COCO config (default configs/mask_rcnn_laplacian_tiny_1x_coco.py)
 #   EXTRA_OPTIONS    COCO: more --cfg-options for training and testing
-#   PRETRAIN_OPTIONS toy: more --cfg-options for the pretraining, e.g. "train_cfg.max_epochs=1"
-#   FINETUNE_OPTIONS toy: more --cfg-options for the fine-tuning and its test, e.g.
-#                    "train_cfg.max_epochs=1 train_dataloader.dataset.indices=40 test_dataloader.dataset.indices=6"
+#   PRETRAIN_OPTIONS toy: more --cfg-options for the pretraining, e.g. "train_cfg.max_epochs=3"
+#   FINETUNE_OPTIONS toy: more --cfg-options for the fine-tuning and its test, e.g. "train_cfg.max_epochs=1
+#                    train_dataloader.dataset.indices=60 val_dataloader.dataset.indices=6 test_dataloader.dataset.indices=6"
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

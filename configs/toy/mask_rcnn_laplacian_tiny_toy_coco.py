@@ -21,5 +21,5 @@ param_scheduler = [
     # no `end`: the Runner ends it at train_cfg.max_epochs
     dict(type='CosineAnnealingLR', eta_min=1e-6, by_epoch=True, begin=0, convert_to_iter_based=True),
 ]
-train_cfg = dict(max_epochs=6, val_interval=2)
+train_cfg = dict(max_epochs=4, val_interval=2)
 default_hooks = dict(logger=dict(interval=10), checkpoint=dict(interval=-1, save_last=True, save_optimizer=False))
