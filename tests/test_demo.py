@@ -52,8 +52,10 @@ def test_build_progress_counts_objects_and_stops_with_the_build(tmp_path):
 
 def test_build_progress_before_the_build_dir_exists(tmp_path):
     build = subprocess.Popen(['sleep', '1.5'])
-    output = subprocess.run(['bash', BUILD_PROGRESS, str(tmp_path / 'missing'), str(build.pid), '1'],
-                            capture_output=True, text=True, timeout=10).stdout
+    reporter = subprocess.Popen(['bash', BUILD_PROGRESS, str(tmp_path / 'missing'), str(build.pid), '1'],
+                                stdout=subprocess.PIPE, text=True)
+    build.wait()   # reaped: a finished but unreaped build would still answer kill -0
+    output, _ = reporter.communicate(timeout=10)
     assert output.splitlines()[0] == '[setup] build: preparing the sources (0 min)'
 
 
@@ -97,7 +99,8 @@ def _losses(run_dir):
 
 
 def _checkpoint_state(path):
-    return torch.load(path, map_location='cpu', weights_only=True)['state_dict']
+    from mmlinattn.checkpoint import load_checkpoint_file
+    return load_checkpoint_file(path)['state_dict']
 
 
 @pytest.mark.slow
