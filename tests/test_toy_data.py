@@ -96,7 +96,7 @@ def test_coco_annotations_are_valid(toy_root):
         for image in content['images']:
             width, height = Image.open(osp.join(toy_root, 'coco', f'{split}2017', image['file_name'])).size
             assert (width, height) == (image['width'], image['height'])
-            assert 320 <= width <= 512 and 320 <= height <= 512
+            assert 256 <= width <= 320 and 256 <= height <= 320
         sizes = {(i['width'], i['height']) for i in content['images']}
         assert any(w != h for w, h in sizes), 'expected non-square images'
         for ann in content['annotations']:

@@ -85,8 +85,12 @@ if ! have "mmcv==$MMCV_VERSION"; then
     grep -q 'c++20' "$MMCV_SRC/setup.py" || { echo "[setup] FAILED: C++20 patch did not apply to mmcv setup.py" >&2; exit 1; }
     mkdir -p "$WHEEL_DIR.tmp"
     # FORCE_CUDA is for our extension; mmcv builds its CUDA ops only where a GPU is visible.
+    # pip builds in the source tree: one line a minute with the objects compiled so far / total.
+    bash "$ROOT/tools/build_progress.sh" "$MMCV_SRC/build" $$ 60 "mmcv build" &
+    PROGRESS_PID=$!
     run mmcv-build env -u FORCE_CUDA MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-2}" \
       "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$WHEEL_DIR.tmp" "$MMCV_SRC"
+    kill "$PROGRESS_PID" 2>/dev/null || true
     rm -rf "$WHEEL_DIR" && mv "$WHEEL_DIR.tmp" "$WHEEL_DIR"
     rm -rf "$SRC"
   else

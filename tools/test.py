@@ -2,6 +2,7 @@
 
     python tools/test.py configs/mask_rcnn_laplacian_tiny_1x_coco.py work_dirs/x/epoch_12.pth
     python tools/test.py CONFIG CHECKPOINT --toy-data --out-json metrics.json
+    python tools/test.py CONFIG CHECKPOINT --show-dir predictions   # mmdet: draw every test image
     bash tools/dist_test.sh CONFIG CHECKPOINT 8
 """
 import argparse
@@ -19,6 +20,8 @@ def parse_args(argv=None):
     parser.add_argument('config', help='config file')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--out-json', help='also write the metrics to this JSON file')
+    parser.add_argument('--show-dir', help="mmdet configs: draw each test image's ground truth and "
+                        "predictions (boxes, masks) with mmdet's visualiser into this folder")
     add_common_args(parser)
     return parser.parse_args(argv)
 
@@ -32,12 +35,23 @@ def format_metrics(metrics: dict) -> str:
     return '\n'.join(lines)
 
 
+def enable_show_dir(cfg, show_dir: str) -> None:
+    """Turn on the config's DetVisualizationHook, saving one PNG per test image into show_dir."""
+    hook = cfg.get('default_hooks', {}).get('visualization')
+    if cfg.get('default_scope') != 'mmdet' or not hook or hook.get('type') != 'DetVisualizationHook':
+        raise SystemExit('error: --show-dir needs an mmdet config with '
+                         'default_hooks.visualization=dict(type="DetVisualizationHook")')
+    hook.update(draw=True, test_out_dir=osp.abspath(show_dir))  # absolute: the hook nests relative ones
+
+
 def main(argv=None):
     args = parse_args(argv)
     if not osp.isfile(args.checkpoint):
         raise SystemExit(f'error: checkpoint {args.checkpoint!r} does not exist')
     cfg = load_config(args)
     cfg.load_from = args.checkpoint
+    if args.show_dir:
+        enable_show_dir(cfg, args.show_dir)
     check_data_roots(cfg, ('test',))
     with checkpoint_loading(args, cfg):
         runner = build_runner(cfg)

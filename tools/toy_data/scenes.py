@@ -29,7 +29,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 TOY_DATA_ROOT = 'data/toy'
-TOY_DATA_VERSION = 1
+TOY_DATA_VERSION = 2
 TOY_SETS = ('coco', 'ade', 'imagenet')
 STAMP_FILE = 'toy_data.json'
 JPEG_QUALITY = 90
@@ -115,11 +115,12 @@ def _add_noise(rng, image, sigma) -> np.ndarray:
     return image + rng.normal(0.0, sigma, image.shape).astype(np.float32)
 
 
-def _random_background(rng, height, width) -> np.ndarray:
-    """Gradient, stripes, smooth blobs or checkerboard in random colours, plus a little noise."""
+def _random_background(rng, height, width, patterned=True) -> np.ndarray:
+    """Gradient, smooth blobs and, if ``patterned``, stripes or checkerboard in random colours,
+    plus a little noise."""
     colour_a = _random_colour(rng)
     colour_b = colour_a + rng.uniform(0.3, 1.0) * (_random_colour(rng) - colour_a)
-    kind = rng.integers(4)
+    kind = rng.integers(4) if patterned else (0, 2)[rng.integers(2)]
     if kind == 0:
         field = _ramp(height, width, rng.uniform(0, 2 * math.pi))
     elif kind == 1:
@@ -135,14 +136,15 @@ def _random_background(rng, height, width) -> np.ndarray:
     return _add_noise(rng, image, rng.uniform(2, 10))
 
 
-def _random_fill(rng, height, width, avoid=None) -> np.ndarray:
-    """A shape's fill: flat, gradient or striped colour, kept away from the colour ``avoid``."""
+def _random_fill(rng, height, width, avoid=None, patterned=True) -> np.ndarray:
+    """A shape's fill: flat, gradient or (if ``patterned``) striped colour, kept away from the
+    colour ``avoid``."""
     colour = _random_colour(rng)
     for _ in range(8):
         if avoid is None or np.abs(colour - avoid).sum() > 120:
             break
         colour = _random_colour(rng)
-    kind = rng.integers(3)
+    kind = rng.integers(3 if patterned else 2)
     if kind == 0:
         image = np.broadcast_to(colour, (height, width, 3)).astype(np.float32)
     elif kind == 1:
@@ -350,10 +352,10 @@ def mask_to_polygons(mask, tolerance=0.75, min_area=4.0) -> list:
 # (a) COCO-format instance set
 # --------------------------------------------------------------------------------------------
 
-_COCO_SIZE_RANGE = (320, 512)
+_COCO_SIZE_RANGE = (256, 320)
 _COCO_MAX_SHAPES = 6
-_MIN_VISIBLE_AREA = 64        # pixels; a less visible instance is not annotated
-_MIN_VISIBLE_FRACTION = 0.1   # of the instance's full (in-image) area
+_MIN_VISIBLE_AREA = 100       # pixels; a less visible instance is not annotated
+_MIN_VISIBLE_FRACTION = 0.25  # of the instance's full (in-image) area
 
 
 def _shape_outline(rng, category, cx, cy, size) -> list:
@@ -377,7 +379,8 @@ def _shape_outline(rng, category, cx, cy, size) -> list:
 
 
 def render_coco_scene(rng):
-    """Draw one COCO toy image: a textured background and 1-6 overlapping shapes.
+    """Draw one COCO toy image: a smooth background (gradient or blobs) and 1-6 overlapping
+    flat or shaded shapes.
 
     Returns ``(image, instances)``: ``image`` uint8 [H, W, 3] and, for each annotated shape
     (bottom to top), a dict with ``category_id`` (1-based in :data:`COCO_TOY_CLASSES`), ``mask``
@@ -387,14 +390,14 @@ def render_coco_scene(rng):
     tries); instances still below the limits are left unannotated.
     """
     width, height = (int(v) for v in rng.integers(_COCO_SIZE_RANGE[0], _COCO_SIZE_RANGE[1] + 1, 2))
-    image = _random_background(rng, height, width)
+    image = _random_background(rng, height, width, patterned=False)
     background_mean = image.reshape(-1, 3).mean(0)
     shapes = []   # (category_id, full mask, full area, visible mask), bottom to top
     for _ in range(int(rng.integers(1, _COCO_MAX_SHAPES + 1))):
         category_id = int(rng.integers(len(COCO_TOY_CLASSES))) + 1
         full = None
         for _attempt in range(6):
-            size = math.exp(rng.uniform(math.log(10), math.log(0.4 * min(width, height))))
+            size = math.exp(rng.uniform(math.log(12), math.log(0.4 * min(width, height))))
             cx, cy = rng.uniform(0.05, 0.95) * width, rng.uniform(0.05, 0.95) * height
             outline = _shape_outline(rng, COCO_TOY_CLASSES[category_id - 1], cx, cy, size)
             candidate = _draw_mask(width, height, [('polygon', outline)])
@@ -408,7 +411,7 @@ def render_coco_scene(rng):
         shapes = [(cid, f, area, visible & ~full) for cid, f, area, visible in shapes]
         shapes.append((category_id, full, int(full.sum()), full))
         x0, y0, x1, y1 = _bbox(full)
-        fill = _random_fill(rng, y1 - y0, x1 - x0, avoid=background_mean)
+        fill = _random_fill(rng, y1 - y0, x1 - x0, avoid=background_mean, patterned=False)
         crop = full[y0:y1, x0:x1]
         image[y0:y1, x0:x1][crop] = fill[crop]
     image = _add_noise(rng, image, rng.uniform(1, 5))

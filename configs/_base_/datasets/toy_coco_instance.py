@@ -1,7 +1,7 @@
 # The bundled synthetic COCO-format instance set (tools/make_toy_data.py -> data/toy/coco), used by the
 # demo and the tests when data/coco is absent. `tools/train.py --toy-data` and `tools/test.py
-# --toy-data` put these fields into the config's datasets and evaluators (mmlinattn.utils.toy_config).
-# The toy images are 320-512 px, so they are trained and tested at 512 px instead of 1333x800.
+# --toy-data` put these fields into the config's datasets and evaluators (tools/toy_data/overlay.py).
+# The toy images are 256-320 px, so they are trained and tested at 256 px instead of 1333x800.
 data_root = 'data/toy/coco/'
 metainfo = dict(classes=('circle', 'rectangle', 'triangle'))
 # Heads sized for COCO's 80 classes predict the toy set's 3 (CocoMetric maps labels to its categories).
@@ -18,7 +18,7 @@ val_dataset = dict(
     metainfo=metainfo)
 test_dataset = val_dataset
 evaluator = dict(ann_file=data_root + 'annotations/instances_val2017.json')
-toy_scale = (512, 512)
+toy_scale = (256, 256)
 train_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
