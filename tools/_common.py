@@ -154,6 +154,15 @@ def checkpoint_loading(args, cfg: Config):
         raise SystemExit(f'error: {err}') from None
 
 
+def close_distributed() -> None:
+    """End the process group once the run is done: a gloo group left to interpreter exit can abort
+    a rank after its work ("terminate called without an active exception")."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def build_runner(cfg: Config):
     """Check the plugin types, set up CPU-only distributed runs, then build the Runner."""
     import mmlinattn  # noqa: F401  (registers the plugin before the config's custom_imports)

@@ -12,7 +12,7 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 from _common import (add_common_args, build_runner, check_data_roots, checkpoint_loading,  # noqa: E402
-                     load_config)
+                     close_distributed, load_config)
 
 
 def parse_args(argv=None):
@@ -56,6 +56,7 @@ def main(argv=None):
     with checkpoint_loading(args, cfg):
         runner = build_runner(cfg)
         metrics = runner.test()
+    close_distributed()
     if runner.rank == 0:
         print('\n' + format_metrics(metrics), flush=True)
         if args.out_json:

@@ -13,7 +13,7 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 from _common import (add_common_args, build_runner, check_data_roots, checkpoint_loading,  # noqa: E402
-                     load_config)
+                     close_distributed, load_config)
 
 
 def parse_args(argv=None):
@@ -58,6 +58,7 @@ def main(argv=None):
     with checkpoint_loading(args, cfg):
         runner = build_runner(cfg)
         runner.train()
+    close_distributed()
 
 
 if __name__ == '__main__':
