@@ -18,3 +18,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if 'cuda' in item.keywords:
             item.add_marker(skip_cuda)
+
+
+@pytest.fixture
+def compiled_ops(monkeypatch):
+    """``torch.ops.mmlinattn`` with the extension loaded (fails if it is not built), under
+    ``MMLINATTN_OPS=compiled`` so that no test of a compiled kernel silently runs the reference."""
+    import torch
+    from mmlinattn.ops import dispatch
+    assert dispatch.extension_loaded(), dispatch.extension_status()
+    monkeypatch.setenv('MMLINATTN_OPS', 'compiled')
+    return torch.ops.mmlinattn

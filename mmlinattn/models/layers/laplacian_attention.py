@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmlinattn.ops import laplacian_kernel, newton_schulz_inverse
+from mmlinattn.ops import check_finite_input, compute_dtype, laplacian_kernel, newton_schulz_inverse
 
 
 def _normalise(num_den: torch.Tensor, den_eps: float) -> torch.Tensor:
@@ -47,7 +47,7 @@ def landmark_inverse_gram(landmarks: torch.Tensor, lam: float = 4.0, ns_iters: i
     landmarks: [B, H, M, D] -> [B, H, M, M]. Autocast is disabled here: the iteration squares its
     error each step, and in bf16 it stalls at ~1e-2 or diverges on ill-conditioned Gram matrices.
     """
-    dtype = torch.float64 if landmarks.dtype == torch.float64 else torch.float32
+    dtype = compute_dtype(landmarks.dtype)
     with torch.autocast(device_type=landmarks.device.type, enabled=False):
         landmarks = landmarks.to(dtype)
         gram = laplacian_kernel(landmarks, landmarks, lam)
@@ -200,6 +200,7 @@ class LaplacianAttention(nn.Module):
         if num_tokens != height * width or channels != self.embed_dims:
             raise ValueError(f'x must be [B, H*W, {self.embed_dims}] for hw_shape {tuple(hw_shape)}, '
                              f'got {list(x.shape)}')
+        check_finite_input(self, x)  # only with MMLINATTN_CHECK_FINITE=1
 
         def split_heads(t):  # [B, N, C] -> [B, h, N, d]
             return t.reshape(batch, num_tokens, self.num_heads, self.head_dims).transpose(1, 2)
