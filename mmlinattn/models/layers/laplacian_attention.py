@@ -190,7 +190,8 @@ class LaplacianAttention(nn.Module):
                         for size, limit in zip(pooled.shape[2:], self.max_landmark_grid))
             if cap != tuple(pooled.shape[2:]):
                 pooled = F.adaptive_avg_pool2d(pooled, cap)
-        pooled = pooled.flatten(2).transpose(1, 2)  # [B*h, m, d]
+        # [B*h, m, d]: a view when pooled is channels-last, as the conv of the q view makes it
+        pooled = pooled.permute(0, 2, 3, 1).reshape(batch * heads, -1, head_dims)
         pooled = self.landmark_act(self.landmark_norm(pooled))
         return pooled.reshape(batch, heads, -1, head_dims)
 
@@ -202,10 +203,13 @@ class LaplacianAttention(nn.Module):
                              f'got {list(x.shape)}')
         check_finite_input(self, x)  # only with MMLINATTN_CHECK_FINITE=1
 
-        def split_heads(t):  # [B, N, C] -> [B, h, N, d]
+        def split_heads(t):  # [B, N, C] -> [B, h, N, d], a view
             return t.reshape(batch, num_tokens, self.num_heads, self.head_dims).transpose(1, 2)
 
-        q = split_heads(self.q(x)) * self.scale
+        # q = W_q x * d^-1/2, the scale folded into the projection and q made contiguous once: the
+        # kernels, the landmark conv (which sees a view of it) and the backward need no more copies.
+        q_bias = None if self.q.bias is None else self.q.bias * self.scale
+        q = split_heads(F.linear(x, self.q.weight * self.scale, q_bias)).contiguous()
         v_tokens = self.v(x)
         v = split_heads(v_tokens)
         if self.landmark_ratio == 1:
@@ -214,7 +218,8 @@ class LaplacianAttention(nn.Module):
             y = nystrom_laplacian_attention(q, self.landmarks(q, hw_shape), v, self.lam,
                                             self.ns_iters, self.ns_eps, self.den_eps)
         y = y.transpose(1, 2).reshape(batch, num_tokens, channels).to(v_tokens.dtype)
-        if self.local_conv is not None:
-            v_image = v_tokens.transpose(1, 2).reshape(batch, channels, height, width)
-            y = y + self.local_conv(v_image).flatten(2).transpose(1, 2)
+        if self.local_conv is not None:  # on v as a channels-last image: views, no copies
+            v_image = v_tokens.reshape(batch, height, width, channels).permute(0, 3, 1, 2)
+            local = self.local_conv(v_image).permute(0, 2, 3, 1)
+            y = y + local.reshape(batch, num_tokens, channels)
         return self.proj_drop(self.proj(y))
