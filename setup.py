@@ -1,17 +1,32 @@
 """Build and install mmlinattn with its compiled ops, ``mmlinattn._ext``.
 
-The C++ (CPU) sources under ``ops/csrc`` are always compiled; the CUDA sources (``*.cu``) are added
-when ``torch.cuda.is_available()`` or ``FORCE_CUDA=1`` (``TORCH_CUDA_ARCH_LIST`` is honoured).
-Both are compiled as C++20, which the torch 2.14 headers require. ``MMLINATTN_SKIP_EXT=1`` installs
-the Python package only (the set-up script uses it after restoring a cached build of the extension).
+Build against the torch you run, without build isolation (``pip install [-e] . --no-build-isolation``
+or ``pip wheel . --no-build-isolation``): the extension links that torch, and a build-isolated pip
+would compile against a different one.
+
+- The C++ (CPU) sources under ``ops/csrc`` are always compiled; the CUDA sources (``*.cu``) are added
+  when ``torch.cuda.is_available()`` or ``FORCE_CUDA=1`` (``TORCH_CUDA_ARCH_LIST`` is honoured).
+- Host compiler and nvcc use the C++ standard that the installed torch's headers require
+  (:func:`cxx_standard`).
+- ``configs/`` and ``tools/`` ship as ``mmlinattn/.mim/{configs,tools}`` (the OpenMMLab layout that
+  ``mim`` reads): copied into wheels and non-editable installs, symlinked for an editable install.
+- ``MMLINATTN_SKIP_EXT=1`` installs the Python package only (the set-up script uses it after
+  restoring a cached build of the extension).
 """
 import os
+import re
+import shutil
 from glob import glob
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join('ops', 'csrc')
+MIM_FOLDERS = ('configs', 'tools')  # shipped as mmlinattn/.mim/<folder>
+# torch 2.14.0 is the first release whose ATen/ATen.h and torch/all.h `#error` below C++20; up to
+# 2.13 they accept C++17 (checked in the headers of the 2.12.1, 2.13.0 and 2.14.0 wheels).
+CXX20_SINCE_TORCH = (2, 14)
 
 
 def read_version():
@@ -21,41 +36,80 @@ def read_version():
     return namespace['__version__']
 
 
+def cxx_standard(torch_version: str) -> str:
+    """``'c++20'`` for a torch whose headers require it, else ``'c++17'`` (torch >= 2.0's minimum)."""
+    match = re.match(r'(\d+)\.(\d+)', torch_version)
+    if match is None:
+        raise ValueError(f'cannot read a torch version from {torch_version!r}')
+    major_minor = (int(match.group(1)), int(match.group(2)))
+    return 'c++20' if major_minor >= CXX20_SINCE_TORCH else 'c++17'
+
+
+class BuildPyWithMim(build_py):
+    """build_py that also lays out ``mmlinattn/.mim``: a copy of ``configs/`` and ``tools/`` in the
+    build tree (wheels, ``pip install .``), relative symlinks in the source tree for an editable
+    install (PEP 660 runs build_py with ``editable_mode``; the package is imported from the source)."""
+
+    def run(self):
+        super().run()
+        if self.editable_mode:
+            self._lay_out(os.path.join(ROOT, 'mmlinattn', '.mim'), link=True)
+        else:
+            self._lay_out(os.path.join(self.build_lib, 'mmlinattn', '.mim'), link=False)
+
+    @staticmethod
+    def _lay_out(mim_dir, link):
+        os.makedirs(mim_dir, exist_ok=True)
+        for name in MIM_FOLDERS:
+            src, dst = os.path.join(ROOT, name), os.path.join(mim_dir, name)
+            if not os.path.isdir(src):
+                continue
+            if os.path.islink(dst) or os.path.isfile(dst):
+                os.remove(dst)
+            elif os.path.isdir(dst):
+                shutil.rmtree(dst)
+            if link:
+                os.symlink(os.path.relpath(src, mim_dir), dst)
+            else:
+                shutil.copytree(src, dst, ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
+
+
 def extension_modules():
     if os.getenv('MMLINATTN_SKIP_EXT', '0') == '1':
         return [], {}
-    import torch
-    from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
+    try:
+        import torch
+        from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
+    except ImportError as err:
+        raise SystemExit(
+            f'mmlinattn: building the extension needs torch in the build environment ({err}). '
+            'Install torch first and build without isolation: '
+            'pip install --no-build-isolation . (or -e .)') from err
 
+    std = '-std=' + cxx_standard(torch.__version__)
     cpp_sources = sorted(glob(os.path.join(CSRC, '**', '*.cpp'), recursive=True))
     cuda_sources = sorted(glob(os.path.join(CSRC, '**', '*.cu'), recursive=True))
     with_cuda = torch.cuda.is_available() or os.getenv('FORCE_CUDA', '0') == '1'
-    cxx_flags = ['-std=c++20', '-O3', '-fopenmp']
-    define_macros = []
+    common = dict(
+        name='mmlinattn._ext',
+        include_dirs=[os.path.join(ROOT, CSRC)],
+        extra_link_args=['-fopenmp'])
+    cxx_flags = [std, '-O3', '-fopenmp']
     if with_cuda:
-        define_macros.append(('MMLINATTN_WITH_CUDA', None))
         ext = CUDAExtension(
-            'mmlinattn._ext',
             sources=cpp_sources + cuda_sources,
-            include_dirs=[os.path.join(ROOT, CSRC)],
-            define_macros=define_macros,
+            define_macros=[('MMLINATTN_WITH_CUDA', None)],
             extra_compile_args={
                 'cxx': cxx_flags,
-                'nvcc': ['-std=c++20', '-O3', '--use_fast_math', '--expt-relaxed-constexpr'],
+                'nvcc': [std, '-O3', '--use_fast_math', '--expt-relaxed-constexpr'],
             },
-            extra_link_args=['-fopenmp'])
+            **common)
     else:
-        ext = CppExtension(
-            'mmlinattn._ext',
-            sources=cpp_sources,
-            include_dirs=[os.path.join(ROOT, CSRC)],
-            define_macros=define_macros,
-            extra_compile_args={'cxx': cxx_flags},
-            extra_link_args=['-fopenmp'])
+        ext = CppExtension(sources=cpp_sources, extra_compile_args={'cxx': cxx_flags}, **common)
     return [ext], {'build_ext': BuildExtension.with_options(use_ninja=True)}
 
 
-ext_modules, cmdclass = extension_modules()
+ext_modules, ext_cmdclass = extension_modules()
 
 setup(
     name='mmlinattn',
@@ -66,13 +120,14 @@ setup(
     long_description_content_type='text/markdown',
     packages=find_packages(include=['mmlinattn', 'mmlinattn.*']),
     python_requires='>=3.9,<3.12',
-    install_requires=['torch>=2.0', 'mmengine>=0.10.0'],
+    # What `import mmlinattn` imports; mmcv 2.0/2.1 is the range mmdet 3.3 and mmseg 1.2 accept.
+    install_requires=['torch>=2.1', 'mmengine>=0.10.0,<1.0.0', 'mmcv>=2.0.0,<2.2.0'],
     extras_require={
-        'det': ['mmdet==3.3.0', 'mmcv>=2.0.0,<2.2.0', 'pycocotools'],
+        'det': ['mmdet==3.3.0', 'pycocotools'],
         'seg': ['mmsegmentation==1.2.2', 'ftfy', 'regex'],
         'cls': ['mmpretrain==1.2.0'],
     },
     ext_modules=ext_modules,
-    cmdclass=cmdclass,
+    cmdclass={'build_py': BuildPyWithMim, **ext_cmdclass},
     zip_safe=False,
 )

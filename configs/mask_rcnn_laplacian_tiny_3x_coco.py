@@ -6,8 +6,5 @@ model = dict(
         type='mmlinattn.LaplacianFormer',
         arch='tiny',
         drop_path_rate=0.1,
-        # At most 7x7 landmarks per head (the 224^2 grid): linear cost at detection/segmentation
-        # resolutions, identical to the ImageNet model at 224^2 (see README, LaplacianFormer).
-        max_landmark_grid=7,
         out_indices=(0, 1, 2, 3)),
     neck=dict(in_channels=[64, 128, 320, 512]))

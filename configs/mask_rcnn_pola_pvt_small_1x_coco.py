@@ -1,4 +1,4 @@
-# Mask R-CNN + FPN with Pola-PVT-Small, COCO 1x, AdamW (DESIGN.md §7).
+# Mask R-CNN + FPN with Pola-PVT-Small, COCO 1x, AdamW.
 _base_ = ['./_base_/mask_rcnn_adamw_1x_coco.py']
 model = dict(
     backbone=dict(

@@ -1,4 +1,4 @@
-# Mask R-CNN + FPN with Pola-PVT-Tiny, COCO 1x, AdamW (DESIGN.md §7). For ImageNet weights add
+# Mask R-CNN + FPN with Pola-PVT-Tiny, COCO 1x, AdamW. For ImageNet weights add
 # init_cfg=dict(type='Pretrained', checkpoint=<official pola_pvt_t file or its conversion>) to the backbone.
 _base_ = ['./_base_/mask_rcnn_adamw_1x_coco.py']
 model = dict(

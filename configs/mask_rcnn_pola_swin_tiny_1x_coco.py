@@ -1,4 +1,4 @@
-# Mask R-CNN + FPN with Pola-Swin-Tiny, COCO 1x, AdamW (DESIGN.md §7); drop path 0.2 as Swin-T.
+# Mask R-CNN + FPN with Pola-Swin-Tiny, COCO 1x, AdamW; drop path 0.2 as Swin-T.
 _base_ = ['./_base_/mask_rcnn_adamw_1x_coco.py']
 model = dict(
     backbone=dict(

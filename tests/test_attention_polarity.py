@@ -1,4 +1,5 @@
-"""PolarityAttention against an independent step-by-step implementation of DESIGN.md §6."""
+"""PolarityAttention against an independent step-by-step implementation of its formulas
+(docs/models/polaformer.md, "The attention")."""
 import math
 
 import pytest
@@ -9,7 +10,8 @@ from mmlinattn.models.layers import PolarityAttention
 
 
 def polarity_attention_by_the_formulas(attn: PolarityAttention, x, hw_shape):
-    """DESIGN.md §6 written out with einsum, reading the module's parameters (fp64 in the tests)."""
+    """The formulas of docs/models/polaformer.md written out with einsum, reading the module's
+    parameters (fp64 in the tests)."""
     batch, num_tokens, channels = x.shape
     height, width = hw_shape
     heads, d = attn.num_heads, channels // attn.num_heads

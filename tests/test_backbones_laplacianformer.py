@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from mmlinattn.models.backbones import LaplacianFormer, laplacianformer
+from mmlinattn.models.backbones import LaplacianFormer
 from mmlinattn.ops.dispatch import has_kernel
 
 TINY_DIMS = (64, 128, 320, 512)
@@ -38,22 +38,29 @@ def test_output_shapes_and_strides(tiny_eval, batch, size):
 
 @pytest.mark.parametrize('size', [(512, 512), (800, 1333)])
 def test_large_inputs_forward_only(size):
-    # Landmarks grow with the input (m = H*W / 32^2 per head at every Nystrom stage: 1050 at
-    # 800x1333), and each Newton-Schulz step costs 2 m^3; 2 steps keep this shape test fast.
-    model = tiny(drop_path_rate=0.0, ns_iters=2).eval()
+    # Paper-literal landmarks grow with the input (m = H*W / 32^2 per head at every Nystrom stage:
+    # 1050 at 800x1333), and each Newton-Schulz step costs 2 m^3; 2 steps keep this shape test fast.
+    model = tiny(drop_path_rate=0.0, ns_iters=2, max_landmark_grid=None).eval()
     with torch.no_grad():
         outs = model(torch.randn(1, 3, *size))
     assert [tuple(o.shape) for o in outs] == expected_shapes(1, *size)
     assert all(torch.isfinite(o).all() for o in outs)
 
 
-def test_max_landmark_grid_keeps_the_224_model_and_large_inputs_cheap(tiny_eval):
-    capped = tiny(drop_path_rate=0.0, max_landmark_grid=7).eval()
+def test_default_landmark_cap_keeps_the_224_model_and_large_inputs_cheap(tiny_eval):
+    """The default max_landmark_grid=7 is the 224^2 grid: bit-identical to the paper-literal
+    landmarks (None) at 224^2, at most 49 landmarks per head above it."""
+    assert all(block.attn.max_landmark_grid == (7, 7) for stage in tiny_eval.stages
+               for block in stage.blocks)
+    uncapped = tiny(drop_path_rate=0.0, max_landmark_grid=None).eval()
     x = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
-        for out, ref in zip(capped(x), tiny_eval(x)):
+        for out, ref in zip(tiny_eval(x), uncapped(x)):
             assert torch.equal(out, ref)
-        outs = capped(torch.randn(1, 3, 512, 640))
+        attn = tiny_eval.stages[0].blocks[0].attn
+        q = torch.randn(1, attn.num_heads, 128 * 160, attn.head_dims)
+        assert attn.landmarks(q, (128, 160)).shape[2] == 49
+        outs = tiny_eval(torch.randn(1, 3, 512, 640))
     assert [tuple(o.shape) for o in outs] == expected_shapes(1, 512, 640)
     assert all(torch.isfinite(o).all() for o in outs)
 
@@ -150,18 +157,19 @@ def test_pretrained_checkpoint_loads_through_wrappers(tmp_path, wrapper):
         assert torch.equal(target.state_dict()[name], tensor), name
 
 
-def test_pretrained_checkpoint_reports_missing_and_unexpected_keys(tmp_path, monkeypatch):
-    messages = []
-    monkeypatch.setattr(laplacianformer, 'print_log', lambda msg, **kwargs: messages.append(msg))
-    state_dict = tiny().state_dict()
-    state_dict.pop('norm3.weight')
-    state_dict['extra.weight'] = torch.zeros(1)
-    path = tmp_path / 'ckpt.pth'
-    torch.save({'state_dict': state_dict}, path)
-    target = LaplacianFormer(arch='tiny', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
-    target.init_weights()
-    assert "missing keys: ['norm3.weight']" in messages[-1]
-    assert "unexpected keys: ['extra.weight']" in messages[-1]
+def test_pretrained_loads_a_classifier_checkpoint_into_a_dense_backbone(tmp_path):
+    """A classifier (out_indices=(3,)) saved by mmpretrain loads into the 4-output detection
+    backbone: the stride-4..16 output norms are the only keys allowed to be missing."""
+    classifier = tiny(out_indices=(3, ))
+    path = tmp_path / 'classifier.pth'
+    torch.save({'state_dict': {f'backbone.{k}': v for k, v in classifier.state_dict().items()},
+                'meta': {}}, path)
+    dense = LaplacianFormer(arch='tiny', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    missing, unexpected = dense.load_pretrained(str(path))
+    assert sorted(missing) == [f'norm{i}.{p}' for i in range(3) for p in ('bias', 'weight')]
+    assert unexpected == []
+    for key, value in classifier.state_dict().items():
+        assert torch.equal(dense.state_dict()[key], value), key
 
 
 def test_builds_from_downstream_registries():

@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from mmlinattn.models.backbones import PolaPVT, PolaSwin
-from mmlinattn.utils.polaformer_checkpoint import (convert_official, detect_family, is_official_polaformer,
-                                                   load_checked, to_official)
+from mmlinattn.models.backbones.base import check_shapes
+from mmlinattn.models.backbones.polaformer_converter import (convert_official, detect_family,
+                                                             is_official_polaformer,
+                                                             official_model_settings, to_official)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = {'pvt': (PolaPVT, 'pola_pvt_tiny'), 'swin': (PolaSwin, 'pola_swin_tiny')}
@@ -104,7 +106,7 @@ def test_wrong_shape_fails_naming_the_key(official, tmp_path):
         PolaPVT(arch='tiny', init_cfg=dict(type='Pretrained', checkpoint=path)).init_weights()
     converted, _ = convert_official(checkpoint, 'pvt')
     with pytest.raises(ValueError, match=r'block2\.1\.attn\.qg\.weight'):
-        load_checked(PolaPVT(arch='tiny'), converted)
+        check_shapes(PolaPVT(arch='tiny'), converted)
 
 
 @pytest.mark.parametrize('family', ['pvt', 'swin'])
@@ -199,3 +201,66 @@ def test_converted_classifier_is_the_official_one(family, official):
         pooled = model(x)[-1].mean(dim=(2, 3))  # PVT: no norm; Swin: norm3 is the official final norm
         official_logits = pooled @ converted['head.fc.weight'].T + converted['head.fc.bias']
         torch.testing.assert_close(classifier(x, mode='tensor'), official_logits, rtol=1e-5, atol=1e-5)
+
+
+SWIN_NARROW = dict(embed_dims=16, depths=[1, 1, 2, 2], num_heads=[1, 2, 4, 8])
+
+
+def _shapes_only(module):
+    """The state dict of ``module`` as stride-0 zero tensors: every shape, almost no bytes."""
+    return {k: torch.zeros((), dtype=v.dtype).expand(v.shape) for k, v in module.state_dict().items()}
+
+
+def test_pola_swin_base_384_converts_strictly_at_its_own_size(tmp_path, capsys):
+    """The official Pola-Swin-B-384 layout (window 12, 96^2/48^2 positional encodings, the shifted
+    24x24 stage's masks): the CLI reads 384 and 12 from the shapes and converts without a
+    missing or unexpected key; --img-size/--window-size override what the file says."""
+    with torch.device('meta'):
+        shapes = PolaSwin(arch='base', pretrain_img_size=384, window_size=12, out_indices=(3, ))
+    classifier = {f'backbone.{k}': v for k, v in _shapes_only(shapes).items()}
+    classifier['head.fc.weight'] = torch.zeros(()).expand(1000, 1024)
+    classifier['head.fc.bias'] = torch.zeros(1000)
+    official = to_official(classifier, 'swin', pretrain_img_size=384, window_size=12)
+    assert official['model']['layers.0.blocks.0.attn.positional_encoding'].shape == (1, 96 * 96, 128)
+    assert official['model']['layers.2.blocks.1.attn_mask'].shape == (4, 144, 144)
+    assert 'layers.3.blocks.1.attn_mask' not in official['model']  # 12x12: one window, no shift
+    assert official_model_settings(official, 'swin') == dict(pretrain_img_size=384, window_size=12)
+    src, dst = str(tmp_path / 'pola_swin_b_384.pth'), str(tmp_path / 'converted.pth')
+    torch.save(official, src)
+    assert _converter().main([src, dst, '--arch', 'pola_swin_base', '--keep-head']) == 0
+    out = capsys.readouterr().out
+    assert 'missing keys: none' in out and 'unexpected keys: none' in out
+    saved = torch.load(dst)['state_dict']
+    assert saved['backbone.layers.1.blocks.0.attn.positional_encoding'].shape == (1, 48 * 48, 256)
+    assert _converter().main([src, dst, '--arch', 'pola_swin_base', '--img-size', '224']) == 1
+    assert 'positional_encoding has shape [1, 9216, 128]' in capsys.readouterr().err
+
+
+def test_pretrained_init_at_384_and_a_clear_error_at_the_wrong_size(tmp_path):
+    torch.manual_seed(0)
+    model = PolaSwin(arch=SWIN_NARROW, pretrain_img_size=384, window_size=12, out_indices=(3, ))
+    model.init_weights()
+    classifier = {f'backbone.{k}': v for k, v in model.state_dict().items()}
+    path = str(tmp_path / 'official_384.pth')
+    torch.save(to_official(classifier, 'swin', pretrain_img_size=384, window_size=12), path)
+    loaded = PolaSwin(arch=SWIN_NARROW, pretrain_img_size=384, window_size=12, out_indices=(3, ),
+                      init_cfg=dict(type='Pretrained', checkpoint=path))
+    loaded.init_weights()
+    torch.testing.assert_close(loaded.state_dict(), model.state_dict(), rtol=0, atol=0)
+    x = torch.randn(1, 3, 384, 384)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(x), model.eval()(x), rtol=0, atol=0)
+    wrong = PolaSwin(arch=SWIN_NARROW, out_indices=(3, ), init_cfg=dict(type='Pretrained', checkpoint=path))
+    with pytest.raises(ValueError, match=r'made for pretrain_img_size=384, window_size=12, but '
+                                         r'PolaSwin is built with pretrain_img_size=224, window_size=7'):
+        wrong.init_weights()
+
+
+def test_official_model_settings_of_pvt_and_bad_shapes():
+    with torch.device('meta'):
+        pvt = PolaPVT(arch='tiny', pretrain_img_size=256, out_indices=(3, ))
+    assert official_model_settings(pvt.state_dict(), 'pvt') == dict(pretrain_img_size=256)
+    with pytest.raises(ValueError, match='pos_embed1 is missing'):
+        official_model_settings({'block1.0.attn.qg.weight': torch.zeros(2, 1)}, 'pvt')
+    with pytest.raises(ValueError, match='pos_embed1 holds 10 tokens, not a square grid'):
+        official_model_settings({'pos_embed1': torch.zeros(1, 10, 4)}, 'pvt')

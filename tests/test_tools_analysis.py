@@ -1,11 +1,10 @@
-"""Analysis and deployment tools: attention rows and statistics (mmlinattn.analysis), the attention
+"""Analysis and deployment tools: attention rows and statistics (tools/analysis), the attention
 visualisation, ONNX export checked in onnxruntime, and the benchmark plot. Tiny inputs, random
-weights."""
+weights; the visualisation and export runs are in the slow tier."""
 import importlib.util
 import json
 import math
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -14,11 +13,10 @@ import torch.nn.functional as F
 
 from e2e_utils import ROOT, require_toy_data, run
 
-from mmlinattn.analysis import (attention_streams, laplacian_attention_rows, laplacian_inputs,
-                                layer_statistics, negative_mass, one_block_per_stage,
-                                polarity_attention_rows, polarity_inputs, record_attentions,
-                                row_entropy, softmax_rows, token_index)
-from mmlinattn.analysis.loading import build_backbone, load_config, load_image, normalisation
+from analysis import (attention_streams, laplacian_attention_rows, laplacian_inputs, layer_statistics,
+                      negative_mass, one_block_per_stage, polarity_attention_rows, polarity_inputs,
+                      record_attentions, row_entropy, softmax_rows, token_index)
+from analysis.model_loading import build_backbone, load_config, load_image, normalisation
 from mmlinattn.models.layers import LaplacianAttention, PolarityAttention, resize_pos_embed
 from mmlinattn.ops.reference import l1_distance_exportable, laplacian_kernel_reference
 
@@ -105,7 +103,7 @@ def test_attention_rows_reproduce_every_layer_output(config):
             same, opposite = polarity_attention_rows(q, k, power, module.eps)
             v1, v2 = v.chunk(2, dim=-1)
             y = torch.cat([same @ v1, opposite @ v2], dim=-1).transpose(1, 2).reshape(x.shape)
-            gate = module._project(x, record.hw_shape)[3]
+            gate = module.attention_inputs(x, record.hw_shape)[3]
             out = module.proj((y + module._local_branch(v, record.hw_shape)) * gate)
         torch.testing.assert_close(out, record.output, rtol=1e-7, atol=1e-9, msg=record.name)
 
@@ -138,10 +136,17 @@ def test_token_index_maps_image_fractions_to_row_major_tokens():
 # ---------------------------------------------------------------- visualisation tool
 
 
-def _png_pixels(path):
+def _assert_readable_png(path, min_colours):
+    """What a reader of the figure relies on: the file exists, is a PNG that decodes, and draws
+    something (more than ``min_colours`` colours, no single colour covering nearly all of it)."""
     from PIL import Image
+    assert os.path.isfile(path), path
     with Image.open(path) as image:
-        return np.asarray(image.convert('RGB'))
+        assert image.format == 'PNG', path
+        pixels = np.asarray(image.convert('RGB'))
+    colours, counts = np.unique(pixels.reshape(-1, 3), axis=0, return_counts=True)
+    assert len(colours) > min_colours, f'{path}: {len(colours)} colours'
+    assert counts.max() < 0.98 * counts.sum(), f'{path} is nearly blank'
 
 
 def _run_visualisation(config, out_dir):
@@ -155,19 +160,20 @@ def _run_visualisation(config, out_dir):
         return proc, json.load(f)
 
 
-def _check_figures(out_dir, stats, streams_per_head, max_heads=4):
+def _check_figures(out_dir, stats):
+    """One attention figure per drawn stage (the overlays: many colours), the entropy and distance
+    figures, nothing else; per layer the key count and the uniform entropy the figures compare to."""
+    stages = [layer['stage'] for layer in stats['layers']]
+    expected = {f'attention_stage{stage}.png' for stage in stages} | {'entropy.png', 'distances.png'}
+    assert {name for name in os.listdir(out_dir) if name.endswith('.png')} == expected
+    for stage in stages:
+        _assert_readable_png(os.path.join(out_dir, f'attention_stage{stage}.png'), min_colours=200)
+    for name in ('entropy.png', 'distances.png'):
+        _assert_readable_png(os.path.join(out_dir, name), min_colours=20)
     for layer in stats['layers']:
-        heads = len(next(iter(layer['mean_row_entropy_nats'].values())))
-        columns = min(heads, max_heads) * streams_per_head
-        pixels = _png_pixels(os.path.join(out_dir, f'attention_stage{layer["stage"]}.png'))
-        assert pixels.shape == (round(100 * (2.0 * len(POINTS) + 1.0)), max(200 * columns, 500), 3)
-        assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 200, 'the overlay looks empty'
-    num_stages = len(stats['layers'])
-    for name, size in (('entropy.png', (360, round(360 * num_stages))),
-                       ('distances.png', (round(100 * (2.6 * num_stages + 0.6)), 800))):
-        pixels = _png_pixels(os.path.join(out_dir, name))
-        assert pixels.shape[:2] == size, name
-        assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 20, name
+        height, width = layer['hw_shape']
+        assert layer['num_keys'] == height * width  # global attention over every token (sr 1)
+        assert layer['uniform_entropy_nats'] == pytest.approx(math.log(layer['num_keys']))
 
 
 def _layer_inputs(backbone, layer_names, image):
@@ -196,10 +202,11 @@ def _image_like_the_tool(cfg, stats):
     return load_image(stats['image'], tuple(stats['shape']), *normalisation(cfg))[1]
 
 
+@pytest.mark.slow
 def test_visualisation_laplacianformer_figures_and_entropies(tmp_path):
     proc, stats = _run_visualisation(LAPLACIAN_CONFIG, tmp_path)
     assert [layer['stage'] for layer in stats['layers']] == [1, 2, 3, 4]
-    _check_figures(tmp_path, stats, streams_per_head=1)
+    _check_figures(tmp_path, stats)
     assert 'stage 4' in proc.output
 
     # dense by hand, in fp64: K = exp(-L1/lam), W = (K(l, l) + eps I)^-1, A = K(q, l) W K(q, l)^T
@@ -231,10 +238,11 @@ def test_visualisation_laplacianformer_figures_and_entropies(tmp_path):
         assert layer['kernel_scales']['lam'] == module.lam
 
 
+@pytest.mark.slow
 def test_visualisation_polaformer_figures_and_entropies(tmp_path):
     _, stats = _run_visualisation(POLA_CONFIG, tmp_path)
     assert [layer['stage'] for layer in stats['layers']] == [1, 2, 3, 4]
-    _check_figures(tmp_path, stats, streams_per_head=2)
+    _check_figures(tmp_path, stats)
 
     # dense by hand, in fp64: phi features, S/O = phi(q) phi(k)^T normalised as the attention does
     cfg, backbone = _backbone(POLA_CONFIG)
@@ -303,6 +311,7 @@ def _onnx_matches_pytorch(tool, config, tmp_path):
             np.testing.assert_allclose(out, ref.numpy(), rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_onnx_export_laplacianformer_tiny_two_sizes(tmp_path, capsys):
     tool = _load_tool('export_onnx')
     _onnx_matches_pytorch(tool, LAPLACIAN_CONFIG, tmp_path)
@@ -311,6 +320,7 @@ def test_onnx_export_laplacianformer_tiny_two_sizes(tmp_path, capsys):
     assert '96x128 out3: onnx [2, 512, 3, 4]' in output
 
 
+@pytest.mark.slow
 def test_onnx_export_pola_pvt_tiny_two_sizes(tmp_path):
     _onnx_matches_pytorch(_load_tool('export_onnx'), POLA_CONFIG, tmp_path)
 
@@ -346,7 +356,6 @@ def test_export_restores_the_ops_mode(monkeypatch):
 
 
 def test_benchmark_plot_from_json(tmp_path):
-    sys.path.insert(0, os.path.join(ROOT, 'tools'))
     from benchmarks.plot import input_size, num_tokens, plot_json, series
     rows = []
     for name, exponent in (('linear', 1.0), ('quadratic', 2.0)):
@@ -365,11 +374,10 @@ def test_benchmark_plot_from_json(tmp_path):
     assert len(panels) == 3  # fwd+bwd memory has no numbers: no panel row is invented for it
     assert input_size({'input': '800x1333'}) == (800, 1333) and num_tokens(800, 1333) == 200 * 334
     assert [x for x, _ in series(rows, 'fwd+bwd ms')['linear']] == [56 * 56, 128 * 128]
-    pixels = _png_pixels(png_path)
-    assert pixels.shape[:2] == (840, 1040)
-    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 20
+    _assert_readable_png(png_path, min_colours=20)
 
 
+@pytest.mark.slow
 def test_visualisation_loads_a_checkpoint(tmp_path):
     """A whole-model checkpoint (``backbone.`` keys under ``state_dict``) of the seed-1 backbone
     gives the entropies of the seed-1 random backbone, not those of the default seed 0."""
@@ -393,7 +401,6 @@ def test_visualisation_loads_a_checkpoint(tmp_path):
 
 
 def test_benchmark_plot_option_draws_after_the_run(tmp_path):
-    sys.path.insert(0, os.path.join(ROOT, 'tools'))
     import argparse
     from benchmarks.plot import with_plot_option
     calls = []
@@ -415,7 +422,7 @@ def test_benchmark_plot_option_draws_after_the_run(tmp_path):
     figure = tmp_path / 'fig.png'
     assert main(parser.parse_args(['--plot', str(figure)])) == 0
     assert calls == [str(tmp_path / 'fig.json')]  # no --out: the JSON goes beside the figure
-    assert _png_pixels(figure).shape[:2] == (840, 520)
+    _assert_readable_png(figure, min_colours=20)
     assert main(parser.parse_args(['--out', str(tmp_path / 'run.json')])) == 0  # no --plot
     assert len(list(tmp_path.glob('*.png'))) == 1
 
@@ -429,6 +436,7 @@ def test_exportable_capped_pooling_equals_adaptive_avg_pool(size):
                                F.adaptive_avg_pool2d(x, cap), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_onnx_export_with_a_landmark_cap_stays_right_at_other_sizes(tmp_path):
     """max_landmark_grid: traced where the cap is not reached (64x64: a 2x2 landmark grid in stage
     1), run where it is (96x128: 3x4 pooled to 2x2) and the other way round."""

@@ -4,6 +4,7 @@ Works for any mmdet, mmseg or mmpretrain config: the library is the config's ``d
 and mmengine's Runner builds everything from the registries of that scope.
 """
 import argparse
+import contextlib
 import os
 import os.path as osp
 
@@ -23,6 +24,10 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--toy-data', action='store_true',
                         help='use the bundled synthetic data set (tools/make_toy_data.py, data/toy) '
                         'instead of the real one')
+    parser.add_argument('--unsafe-trust-checkpoint', action='store_true',
+                        help='fully unpickle the checkpoint this command loads (train: --resume / '
+                        'load_from; test: CHECKPOINT), which can run any code the file holds; only '
+                        'for files you trust. Default: tensors and plain data only')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none',
                         help='job launcher for distributed runs (torchrun: pytorch)')
     # torchrun passes --local-rank (older launchers --local_rank)
@@ -41,7 +46,7 @@ def load_config(args) -> Config:
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
     if args.toy_data:
-        from mmlinattn.utils import use_toy_data
+        from toy_data import use_toy_data
         use_toy_data(cfg, CONFIGS_DIR)
     cfg.launcher = args.launcher
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
@@ -119,6 +124,34 @@ def check_data_roots(cfg: Config, splits) -> None:
                 f'{os.getcwd()}). Put the data set there in its standard layout (see README.md, '
                 '"Real data"), override it with --cfg-options, or run on the bundled synthetic '
                 'set with --toy-data (after `python tools/make_toy_data.py`).')
+
+
+def trusted_checkpoint(args, cfg: Config):
+    """The file --unsafe-trust-checkpoint trusts: load_from, or the latest checkpoint --resume finds."""
+    if not args.unsafe_trust_checkpoint:
+        return None
+    checkpoint = cfg.get('load_from')
+    if checkpoint is None and cfg.get('resume'):
+        from mmengine.runner import find_latest_checkpoint
+        checkpoint = find_latest_checkpoint(cfg.work_dir)
+    if checkpoint is None:
+        raise SystemExit('error: --unsafe-trust-checkpoint: this run loads no checkpoint (give '
+                         '--resume FILE, or a work dir with one, or load_from)')
+    return checkpoint
+
+
+@contextlib.contextmanager
+def checkpoint_loading(args, cfg: Config):
+    """The tools' process loads checkpoints (the Runner's resume and load_from, init_cfg
+    Pretrained of any model) with mmlinattn's policy while the block runs
+    (:func:`mmlinattn.checkpoint.safe_checkpoint_loading`); a refused file ends the command with
+    the reason and the opt-in."""
+    from mmlinattn.checkpoint import UnsafeCheckpointError, safe_checkpoint_loading
+    try:
+        with safe_checkpoint_loading(trusted_checkpoint(args, cfg)):
+            yield
+    except UnsafeCheckpointError as err:
+        raise SystemExit(f'error: {err}') from None
 
 
 def build_runner(cfg: Config):

@@ -21,7 +21,7 @@ for path in (os.path.dirname(TOOLS_DIR), TOOLS_DIR):
 
 import torch  # noqa: E402
 
-from benchmarks import backbones, plot  # noqa: E402
+from benchmarks import backbones, learning, plot, solver  # noqa: E402
 from benchmarks.common import environment, format_table, run_module, write_json  # noqa: E402
 
 OP_BENCHMARKS = [
@@ -69,6 +69,8 @@ SUBCOMMANDS = {
     'ops': (add_ops_arguments, run_ops),
     'backbone': plot.with_plot_option(backbones.add_arguments, backbones.main),  # + --plot F.png
     'plot': (plot.add_arguments, plot.main),  # redraw the --plot figure from a saved JSON
+    'solver': (solver.add_arguments, solver.main),  # landmark-system solvers: NS, CG, Cholesky
+    'learning': (learning.add_arguments, learning.main),  # toy-set training curves, side by side
 }
 
 

@@ -4,27 +4,19 @@
                                   [--num-train N] [--num-val N] [--force]
 
 A set that already exists with the same arguments is skipped; ``--force`` regenerates it. The
-generation code is ``mmlinattn/utils/toy_data.py``; this script loads that file directly, so it
-needs only numpy and Pillow (not torch, and not an installed mmlinattn).
+generation code is ``tools/toy_data/scenes.py``; it needs only numpy and Pillow (not torch, and not
+an installed mmlinattn).
 """
 import argparse
-import importlib.util
 import os.path as osp
 import sys
 import time
 
-TOY_DATA_FILE = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'mmlinattn', 'utils',
-                         'toy_data.py')
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from toy_data import scenes as toy_data  # noqa: E402
 
 
-def load_toy_data_module():
-    spec = importlib.util.spec_from_file_location('mmlinattn_toy_data', TOY_DATA_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def parse_args(toy_data, argv=None):
+def parse_args(argv=None):
     defaults = ', '.join(f'{name} {train}/{val}'
                          for name, (train, val) in toy_data.TOY_DEFAULT_COUNTS.items())
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
@@ -44,8 +36,7 @@ def parse_args(toy_data, argv=None):
 
 
 def main(argv=None):
-    toy_data = load_toy_data_module()
-    args = parse_args(toy_data, argv)
+    args = parse_args(argv)
     start = time.perf_counter()
     try:
         results = toy_data.make_all(args.out, seed=args.seed, what=args.what,

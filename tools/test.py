@@ -10,7 +10,8 @@ import os.path as osp
 import sys
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from _common import add_common_args, build_runner, check_data_roots, load_config  # noqa: E402
+from _common import (add_common_args, build_runner, check_data_roots, checkpoint_loading,  # noqa: E402
+                     load_config)
 
 
 def parse_args(argv=None):
@@ -38,8 +39,9 @@ def main(argv=None):
     cfg = load_config(args)
     cfg.load_from = args.checkpoint
     check_data_roots(cfg, ('test',))
-    runner = build_runner(cfg)
-    metrics = runner.test()
+    with checkpoint_loading(args, cfg):
+        runner = build_runner(cfg)
+        metrics = runner.test()
     if runner.rank == 0:
         print('\n' + format_metrics(metrics), flush=True)
         if args.out_json:

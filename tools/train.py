@@ -4,6 +4,7 @@
     python tools/train.py CONFIG --toy-data --cfg-options train_cfg.max_epochs=2
     python tools/train.py CONFIG --resume                  # the latest checkpoint in the work dir
     python tools/train.py CONFIG --resume work_dirs/x/iter_2.pth
+    python tools/train.py CONFIG --resume FILE --unsafe-trust-checkpoint  # FILE may run code: trusted
     bash tools/dist_train.sh CONFIG 8                      # torchrun, --launcher pytorch
 """
 import argparse
@@ -11,7 +12,8 @@ import os.path as osp
 import sys
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from _common import add_common_args, build_runner, check_data_roots, load_config  # noqa: E402
+from _common import (add_common_args, build_runner, check_data_roots, checkpoint_loading,  # noqa: E402
+                     load_config)
 
 
 def parse_args(argv=None):
@@ -53,8 +55,9 @@ def main(argv=None):
     elif args.resume is not None:
         cfg.resume, cfg.load_from = True, args.resume
     check_data_roots(cfg, ('train', 'val'))
-    runner = build_runner(cfg)
-    runner.train()
+    with checkpoint_loading(args, cfg):
+        runner = build_runner(cfg)
+        runner.train()
 
 
 if __name__ == '__main__':

@@ -46,20 +46,15 @@ from matplotlib.ticker import NullFormatter  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
+TOOLS_DIR = osp.dirname(osp.abspath(__file__))
+REPO_ROOT = osp.dirname(TOOLS_DIR)
+for path in (REPO_ROOT, TOOLS_DIR):  # the repository, if mmlinattn is not installed; the tools' modules
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
-from mmlinattn.analysis import (
-    AttentionRecord,
-    LayerStatistics,
-    attention_streams,  # noqa: E402
-    layer_statistics,
-    one_block_per_stage,
-    record_attentions,
-    token_index)
-from mmlinattn.analysis.loading import (build_backbone, load_config, load_image,  # noqa: E402
-                                        normalisation)
+from analysis import (AttentionRecord, LayerStatistics, attention_streams,  # noqa: E402
+                      layer_statistics, one_block_per_stage, record_attentions, token_index)
+from analysis.model_loading import build_backbone, load_config, load_image, normalisation  # noqa: E402
 
 TOY_VAL_DIR = osp.join(REPO_ROOT, 'data', 'toy', 'coco', 'val2017')
 DEFAULT_POINTS = ((0.5, 0.5), (0.25, 0.3), (0.75, 0.75))

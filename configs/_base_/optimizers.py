@@ -1,5 +1,5 @@
 # No weight decay on normalisation layers, biases, position embeddings, PolaFormer's learned
-# `power`/`scale` and Swin's relative position bias tables (DESIGN.md §7).
+# `power`/`scale` and Swin's relative position bias tables.
 no_decay_keys = {
     'norm': dict(decay_mult=0.0),
     'pos_embed': dict(decay_mult=0.0),

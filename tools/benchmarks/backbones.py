@@ -68,7 +68,7 @@ def swin_tiny() -> nn.Module:
 # name -> factory of a randomly initialised backbone returning its multi-scale features.
 BACKBONES: Dict[str, Callable[[], nn.Module]] = {
     'LaplacianFormer-T': laplacianformer_tiny,
-    'LaplacianFormer-T grid<=7': lambda: laplacianformer_tiny(max_landmark_grid=7),
+    'LaplacianFormer-T paper-literal m': lambda: laplacianformer_tiny(max_landmark_grid=None),
     'Pola-PVT-T': pola_pvt_tiny,
     'Pola-Swin-T': pola_swin_tiny,
     'PVT-T (mmdet)': pvt_tiny,
@@ -190,8 +190,9 @@ def summarise(results: Dict[str, BackboneMeasurement], device: str) -> Section:
              'warm-up call, or that first call alone when it took longer than --long-call-s; '
              f'"/ {RATIO_BASE}" = time / the same backbone\'s time at {RATIO_BASE} '
              '(1024^2 has 4x the pixels: linear cost gives ~4).',
-             'LaplacianFormer-T: m = ceil(H/s)*ceil(W/s) landmarks per head (grows with the input, '
-             'Newton-Schulz costs 2*m^3 per step); grid<=7: max_landmark_grid=7 (m <= 49).']
+             'LaplacianFormer-T: the default max_landmark_grid=7 (m <= 49 landmarks per head); '
+             'paper-literal m: max_landmark_grid=None, m = H*W/s^2 (grows with the input, '
+             'Newton-Schulz costs 2*m^3 per step).']
     if any(' | compiled ' in name for name in results):
         notes.append('compiled: torch.compile(model, fullgraph=True, dynamic=False), inductor; '
                      'the compilation is not timed; eager / compiled > 1: compiled is faster.')

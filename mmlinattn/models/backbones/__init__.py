@@ -1,5 +1,7 @@
+from .base import StagedBackbone
 from .laplacianformer import LaplacianFormer
+from .pola_deit import PolaDeiT
 from .polaformer_pvt import PolaPVT
 from .polaformer_swin import PolaSwin
 
-__all__ = ['LaplacianFormer', 'PolaPVT', 'PolaSwin']
+__all__ = ['LaplacianFormer', 'PolaDeiT', 'PolaPVT', 'PolaSwin', 'StagedBackbone']

@@ -1,19 +1,16 @@
-"""LaplacianFormer: a four-stage pyramid of Laplacian-kernel Nyström attention blocks (DESIGN.md §5)."""
+"""LaplacianFormer: a four-stage pyramid of Laplacian-kernel Nyström attention blocks (docs/models/laplacianformer.md)."""
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.utils.checkpoint as cp
 from mmcv.cnn import ConvModule, build_norm_layer
 from mmcv.cnn.bricks import DropPath
-from mmengine.logging import print_log
-from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
-from mmengine.runner.checkpoint import CheckpointLoader
 from torch import nn
 
 from mmlinattn.registry import MODELS
 from ..layers import LaplacianAttention, Mlp, resize_pos_embed
-from .frozen_stages import FrozenStagesMixin
+from .base import StagedBackbone, StateDict
 
 
 class LaplacianFormerBlock(nn.Module):
@@ -23,9 +20,10 @@ class LaplacianFormerBlock(nn.Module):
     """
 
     def __init__(self, embed_dims: int, num_heads: int, landmark_ratio: int, local_kernel_size: int,
-                 mlp_ratio: float = 4.0, lam: float = 4.0, drop_rate: float = 0.0,
+                 mlp_ratio: float = 4.0, lam: Optional[float] = None, drop_rate: float = 0.0,
                  drop_path_rate: float = 0.0, ns_iters: int = 20, ns_eps: float = 1e-2,
                  max_landmark_grid: Optional[Union[int, Tuple[int, int]]] = None,
+                 kernel: str = 'laplacian', inverse: str = 'newton_schulz', cg_iters: int = 20,
                  norm_cfg: dict = dict(type='LN', eps=1e-6), with_cp: bool = False):
         super().__init__()
         self.with_cp = with_cp
@@ -33,7 +31,8 @@ class LaplacianFormerBlock(nn.Module):
         self.attn = LaplacianAttention(embed_dims, num_heads, landmark_ratio, lam=lam,
                                        local_kernel_size=local_kernel_size, proj_drop=drop_rate,
                                        ns_iters=ns_iters, ns_eps=ns_eps,
-                                       max_landmark_grid=max_landmark_grid)
+                                       max_landmark_grid=max_landmark_grid, kernel=kernel,
+                                       inverse=inverse, cg_iters=cg_iters)
         self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
         self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
         self.ffn = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate)
@@ -83,7 +82,7 @@ def _soft_stem(in_channels: int, stem_channels: int, out_channels: int, conv_nor
 
 
 @MODELS.register_module()
-class LaplacianFormer(FrozenStagesMixin, BaseModule):
+class LaplacianFormer(StagedBackbone):
     """LaplacianFormer backbone (``type='mmlinattn.LaplacianFormer'``).
 
     Stage i runs at stride ``4 * 2^i`` with ``embed_dims[i]`` channels, ``num_heads[i]`` heads of
@@ -101,15 +100,22 @@ class LaplacianFormer(FrozenStagesMixin, BaseModule):
         in_channels: image channels.
         stem_channels: width of the stem's first two convs.
         mlp_ratio: FFN hidden width / embed dims.
-        lam: Laplacian kernel bandwidth.
+        lam: the Laplacian kernel's bandwidth (None: 4); must stay None with ``kernel='gaussian'``.
+        kernel: 'laplacian' (the paper) or 'gaussian' (SOFT's ``exp(-||q-k||_2^2 / 2)`` with q
+            scaled by ``d^-1/4``), in every attention layer (ablation; see docs/ablations.md).
+        inverse: the landmark solve, 'newton_schulz' (the paper), 'exact' (Cholesky) or
+            'conjugate_gradient' (``cg_iters`` steps); ablation, see docs/ablations.md.
+        cg_iters: conjugate-gradient steps with ``inverse='conjugate_gradient'``.
         pretrain_img_size: the input size the position embeddings are defined for.
         drop_rate: dropout after position embedding, attention projection and FFN.
         drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
-        ns_iters, ns_eps: Newton–Schulz steps and diagonal shift of the landmark Gram inverse.
-        max_landmark_grid: None (DESIGN.md §5: ``ceil(H/s) * ceil(W/s)`` landmarks per head, which
-            grows with the input and makes large inputs cost ~m^3) or a cap such as 7, the grid of
-            a 224^2 input: the landmark conv output is average-pooled to at most that grid, which
-            leaves the 224^2 model unchanged and keeps the cost linear in the number of pixels.
+        ns_iters, ns_eps: Newton–Schulz steps and the diagonal shift of the landmark system.
+        max_landmark_grid: the landmark conv output is average-pooled to at most this grid
+            (int or (gh, gw)). The default, 7, is the grid of a 224^2 input in every stage: the
+            224^2 model is unchanged and the cost stays linear in the number of pixels. None is the
+            paper-literal ``ceil(H/s) * ceil(W/s)`` landmarks per head, which grows with the input
+            (the Newton–Schulz inverse then costs ~m^3: 1936 GFLOPs for Tiny at 800x1333 instead
+            of 43). See docs/models/laplacianformer.md.
         out_indices: stages whose (normalised) outputs are returned.
         frozen_stages: the first ``frozen_stages`` stages (with their stem/downsampling conv, position
             embedding and output norm) get no gradients and stay in eval mode; -1 or 0 freezes nothing.
@@ -117,9 +123,9 @@ class LaplacianFormer(FrozenStagesMixin, BaseModule):
         with_cp: gradient checkpointing of every block.
         norm_cfg: the blocks' and outputs' norm; conv_norm_cfg: the convs' norm.
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH_OR_URL[, prefix='backbone.'])`` loads
-            weights (``state_dict``/``model`` wrappers and a ``backbone.`` prefix are handled,
-            position embeddings are resized); None: truncated-normal init of the linear layers
-            and position embeddings.
+            weights strictly (see :meth:`StagedBackbone.load_pretrained`; position embeddings of
+            another ``pretrain_img_size`` are resized); None: truncated-normal init of the linear
+            layers and position embeddings.
     """
 
     arch_settings: Dict[str, dict] = {
@@ -129,22 +135,24 @@ class LaplacianFormer(FrozenStagesMixin, BaseModule):
         'large': dict(embed_dims=[64, 128, 320, 512], num_heads=[2, 4, 10, 16], depths=[1, 3, 40, 5]),
         'huge': dict(embed_dims=[64, 128, 352, 512], num_heads=[2, 4, 11, 16], depths=[1, 5, 49, 5]),
     }
-    default_landmark_ratios = (8, 4, 2, 1)
-    default_local_kernel_sizes = (9, 5, 3, 3)
-    num_stages = 4
+    arch_defaults = dict(landmark_ratios=(8, 4, 2, 1), local_kernel_sizes=(9, 5, 3, 3))
+    per_stage_keys = ('embed_dims', 'num_heads', 'depths', 'landmark_ratios', 'local_kernel_sizes')
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
                  in_channels: int = 3,
                  stem_channels: int = 32,
                  mlp_ratio: float = 4.0,
-                 lam: float = 4.0,
+                 lam: Optional[float] = None,
                  pretrain_img_size: int = 224,
                  drop_rate: float = 0.0,
                  drop_path_rate: float = 0.1,
                  ns_iters: int = 20,
                  ns_eps: float = 1e-2,
-                 max_landmark_grid: Optional[Union[int, Tuple[int, int]]] = None,
+                 max_landmark_grid: Optional[Union[int, Tuple[int, int]]] = 7,
+                 kernel: str = 'laplacian',
+                 inverse: str = 'newton_schulz',
+                 cg_iters: int = 20,
                  out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
@@ -152,26 +160,12 @@ class LaplacianFormer(FrozenStagesMixin, BaseModule):
                  norm_cfg: dict = dict(type='LN', eps=1e-6),
                  conv_norm_cfg: dict = dict(type='BN'),
                  init_cfg=None):
-        super().__init__(init_cfg=init_cfg)
-        arch = self._parse_arch(arch)
-        self.embed_dims = list(arch['embed_dims'])
-        self.num_heads = list(arch['num_heads'])
-        self.depths = list(arch['depths'])
-        self.landmark_ratios = list(arch.get('landmark_ratios', self.default_landmark_ratios))
-        self.local_kernel_sizes = list(arch.get('local_kernel_sizes', self.default_local_kernel_sizes))
-        for name in ('embed_dims', 'num_heads', 'depths', 'landmark_ratios', 'local_kernel_sizes'):
-            if len(getattr(self, name)) != self.num_stages:
-                raise ValueError(f'arch {name} must have {self.num_stages} entries, got '
-                                 f'{getattr(self, name)}')
-        out_indices = tuple(i + self.num_stages if i < 0 else i for i in out_indices)
-        if not out_indices or any(not 0 <= i < self.num_stages for i in out_indices):
-            raise ValueError(f'out_indices must be a non-empty subset of 0..{self.num_stages - 1}, '
-                             f'got {out_indices}')
-        if not -1 <= frozen_stages <= self.num_stages:
-            raise ValueError(f'frozen_stages must be in -1..{self.num_stages}, got {frozen_stages}')
-        self.out_indices = out_indices
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
+        super().__init__(arch, out_indices, frozen_stages, norm_eval, init_cfg)
+        self.embed_dims = list(self.arch['embed_dims'])
+        self.num_heads = list(self.arch['num_heads'])
+        self.depths = list(self.arch['depths'])
+        self.landmark_ratios = list(self.arch['landmark_ratios'])
+        self.local_kernel_sizes = list(self.arch['local_kernel_sizes'])
         self.pretrain_img_size = pretrain_img_size
 
         drop_path_rates = torch.linspace(0, drop_path_rate, sum(self.depths)).tolist()
@@ -190,7 +184,8 @@ class LaplacianFormer(FrozenStagesMixin, BaseModule):
                                      self.local_kernel_sizes[i], mlp_ratio=mlp_ratio, lam=lam,
                                      drop_rate=drop_rate, drop_path_rate=drop_path_rates[first + j],
                                      ns_iters=ns_iters, ns_eps=ns_eps,
-                                     max_landmark_grid=max_landmark_grid, norm_cfg=norm_cfg,
+                                     max_landmark_grid=max_landmark_grid, kernel=kernel,
+                                     inverse=inverse, cg_iters=cg_iters, norm_cfg=norm_cfg,
                                      with_cp=with_cp) for j in range(self.depths[i])
             ]
             pos_grid = (-(-pretrain_img_size // stride), ) * 2
@@ -200,19 +195,6 @@ class LaplacianFormer(FrozenStagesMixin, BaseModule):
             in_dims = dims
         self._freeze_stages()
 
-    @classmethod
-    def _parse_arch(cls, arch: Union[str, dict]) -> dict:
-        if isinstance(arch, str):
-            if arch.lower() not in cls.arch_settings:
-                raise ValueError(f'arch must be one of {sorted(cls.arch_settings)} or a dict, got {arch!r}')
-            return cls.arch_settings[arch.lower()]
-        if not isinstance(arch, dict):
-            raise ValueError(f'arch must be a str or a dict, got {type(arch).__name__}')
-        missing = {'embed_dims', 'num_heads', 'depths'} - set(arch)
-        if missing:
-            raise ValueError(f'arch dict misses {sorted(missing)}; got keys {sorted(arch)}')
-        return arch
-
     def stage_modules(self, i: int) -> List[nn.Module]:
         """The modules of stage i (0-based) that ``frozen_stages`` freezes."""
         modules = [self.stages[i]]
@@ -220,41 +202,19 @@ class LaplacianFormer(FrozenStagesMixin, BaseModule):
             modules.append(getattr(self, f'norm{i}'))
         return modules
 
-    def init_weights(self) -> None:
-        if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
-            self._load_pretrained(self.init_cfg['checkpoint'], self.init_cfg.get('prefix'))
-        elif self.init_cfg is None:
-            for module in self.modules():
-                if isinstance(module, nn.Linear):
-                    trunc_normal_(module.weight, std=0.02)
-                    if module.bias is not None:
-                        nn.init.zeros_(module.bias)
-            for stage in self.stages:
-                trunc_normal_(stage.pos_embed, std=0.02)
-        else:
-            super().init_weights()
+    def init_default_weights(self) -> None:
+        super().init_default_weights()
+        for stage in self.stages:
+            trunc_normal_(stage.pos_embed, std=0.02)
 
-    def _load_pretrained(self, checkpoint: str, prefix: str = None) -> None:
-        ckpt = CheckpointLoader.load_checkpoint(checkpoint, map_location='cpu', logger='current')
-        state_dict = ckpt
-        for wrapper in ('state_dict', 'model'):
-            if isinstance(state_dict, dict) and isinstance(state_dict.get(wrapper), dict):
-                state_dict = state_dict[wrapper]
-                break
-        state_dict = {k[len('module.'):] if k.startswith('module.') else k: v
-                      for k, v in state_dict.items()}
-        if prefix is None and any(k.startswith('backbone.') for k in state_dict):
-            prefix = 'backbone.'
-        if prefix:
-            state_dict = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+    def convert_state_dict(self, state_dict: StateDict) -> Tuple[StateDict, Dict[str, str]]:
+        """Resize position embeddings learned for another ``pretrain_img_size`` (bicubic)."""
         for i, stage in enumerate(self.stages):
             key = f'stages.{i}.pos_embed'
             if key in state_dict and state_dict[key].shape != stage.pos_embed.shape:
                 src = int(round(state_dict[key].shape[1]**0.5))
                 state_dict[key] = resize_pos_embed(state_dict[key], (src, src), stage.pos_grid)
-        missing, unexpected = self.load_state_dict(state_dict, strict=False)
-        print_log(f'LaplacianFormer: loaded {checkpoint}; missing keys: {missing or "none"}; '
-                  f'unexpected keys: {unexpected or "none"}', logger='current')
+        return state_dict, {}
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: [B, C_in, H, W] -> tuple of [B, embed_dims[i], ceil(H/s_i), ceil(W/s_i)], s_i = 4*2^i."""

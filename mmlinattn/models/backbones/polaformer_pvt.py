@@ -1,20 +1,20 @@
-"""Pola-PVT: the PVT (v1) pyramid with PolaFormer's polarity-aware linear attention in every block."""
+"""Pola-PVT: the PVT (v1) pyramid with PolaFormer's polarity-aware linear attention in every block
+(docs/models/polaformer.md)."""
 from typing import Dict, List, Sequence, Tuple, Union
 
 import torch
-from mmengine.logging import print_log
-from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch import nn
 
 from mmlinattn.registry import MODELS
-from mmlinattn.utils.polaformer_checkpoint import format_keys, load_pretrained_polaformer
 from ..layers import PatchEmbed, PolarityAttention, PreNormBlock, resize_pos_embed
-from .frozen_stages import FrozenStagesMixin
+from .base import StagedBackbone, StateDict
+from .polaformer_converter import (check_official_settings, convert_official,
+                                   is_official_polaformer)
 
 
 @MODELS.register_module()
-class PolaPVT(FrozenStagesMixin, BaseModule):
+class PolaPVT(StagedBackbone):
     """Pola-PVT backbone (``type='mmlinattn.PolaPVT'``), laid out as the official model.
 
     Stage i (stride ``4 * 2^i``): ``patch_embed{i+1}`` (conv 4x4 s4 for the first stage, 2x2 s2
@@ -29,7 +29,7 @@ class PolaPVT(FrozenStagesMixin, BaseModule):
     heads 1/2/5/8, MLP ratios 8/8/4/4, qkv bias, block LayerNorm eps 1e-6 (patch-embed eps 1e-5),
     no cls token, and ``sr_ratios`` 1/1/1/1 (the official ``PVT_LA_SR_RATIOS: 1111``). The
     parameter counts pin this down: with sr 8/4/2/1 Pola-PVT-T would have 14.1M parameters instead
-    of the published 12.9M; with sr 1 it has 12.92M (S 23.16M, M 39.97M, L 54.37M, vs 23.2/40.0/54.4).
+    of the published 12.9M; with sr 1 it has 12.92M (S 23.16M, M 39.96M, L 54.37M, vs 23.2/40.0/54.4).
 
     Any input size works: the image and every stage are zero-padded on the bottom/right to a
     multiple of the patch size, so output i is ``[B, embed_dims[i], ceil(H / 2^(i+2)),
@@ -42,6 +42,10 @@ class PolaPVT(FrozenStagesMixin, BaseModule):
         pretrain_img_size: the input size the position embeddings are defined for.
         qkv_bias: bias of the attention's input projections.
         alpha: the attention power is ``1 + alpha * sigmoid(theta)``.
+        polarity, power, fixed_power: ablations of every attention layer (see
+            :class:`PolarityAttention` and docs/ablations.md): ``polarity='same'`` drops the
+            opposite-sign stream, ``power='fixed'`` uses ``p = fixed_power``. The defaults are the
+            official model.
         kernel_size: of the attention's depthwise conv on v.
         drop_rate: dropout after the position embedding, the attention projection and in the MLP.
         drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
@@ -63,9 +67,9 @@ class PolaPVT(FrozenStagesMixin, BaseModule):
         'medium': dict(depths=[3, 4, 18, 3]),
         'large': dict(depths=[3, 8, 27, 3]),
     }
-    default_arch = dict(embed_dims=[64, 128, 320, 512], num_heads=[1, 2, 5, 8], mlp_ratios=[8, 8, 4, 4],
-                        sr_ratios=[1, 1, 1, 1])
-    num_stages = 4
+    arch_defaults = dict(embed_dims=[64, 128, 320, 512], num_heads=[1, 2, 5, 8], mlp_ratios=[8, 8, 4, 4],
+                         sr_ratios=[1, 1, 1, 1])
+    per_stage_keys = ('embed_dims', 'num_heads', 'mlp_ratios', 'sr_ratios', 'depths')
     patch_sizes = (4, 2, 2, 2)
     block_norm_eps = 1e-6
 
@@ -76,6 +80,9 @@ class PolaPVT(FrozenStagesMixin, BaseModule):
                  qkv_bias: bool = True,
                  alpha: float = 4.0,
                  kernel_size: int = 5,
+                 polarity: str = 'both',
+                 power: str = 'learned',
+                 fixed_power: float = 3.0,
                  drop_rate: float = 0.0,
                  drop_path_rate: float = 0.1,
                  out_indices: Sequence[int] = (0, 1, 2, 3),
@@ -83,18 +90,12 @@ class PolaPVT(FrozenStagesMixin, BaseModule):
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  init_cfg=None):
-        super().__init__(init_cfg=init_cfg)
-        arch = self._parse_arch(arch)
-        self.embed_dims = list(arch['embed_dims'])
-        self.num_heads = list(arch['num_heads'])
-        self.mlp_ratios = list(arch['mlp_ratios'])
-        self.sr_ratios = list(arch['sr_ratios'])
-        self.depths = list(arch['depths'])
-        self.out_indices = check_out_indices(out_indices, self.num_stages)
-        if not -1 <= frozen_stages <= self.num_stages:
-            raise ValueError(f'frozen_stages must be in -1..{self.num_stages}, got {frozen_stages}')
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
+        super().__init__(arch, out_indices, frozen_stages, norm_eval, init_cfg)
+        self.embed_dims = list(self.arch['embed_dims'])
+        self.num_heads = list(self.arch['num_heads'])
+        self.mlp_ratios = list(self.arch['mlp_ratios'])
+        self.sr_ratios = list(self.arch['sr_ratios'])
+        self.depths = list(self.arch['depths'])
         self.pretrain_img_size = pretrain_img_size
 
         drop_path_rates = torch.linspace(0, drop_path_rate, sum(self.depths), device='cpu').tolist()
@@ -111,7 +112,8 @@ class PolaPVT(FrozenStagesMixin, BaseModule):
             for j in range(self.depths[i]):
                 attn = PolarityAttention(dims, self.num_heads[i], pos_grid=(grid[0] // sr, grid[1] // sr),
                                          sr_ratio=sr, qkv_bias=qkv_bias, kernel_size=kernel_size,
-                                         alpha=alpha, proj_drop=drop_rate)
+                                         alpha=alpha, proj_drop=drop_rate, polarity=polarity,
+                                         power=power, fixed_power=fixed_power)
                 blocks.append(PreNormBlock(attn, dims, self.mlp_ratios[i], norm_eps=self.block_norm_eps,
                                            drop_rate=drop_rate,
                                            drop_path_rate=drop_path_rates[sum(self.depths[:i]) + j],
@@ -123,20 +125,6 @@ class PolaPVT(FrozenStagesMixin, BaseModule):
             in_dims = dims
         self._freeze_stages()
 
-    @classmethod
-    def _parse_arch(cls, arch: Union[str, dict]) -> dict:
-        if isinstance(arch, str):
-            if arch.lower() not in cls.arch_settings:
-                raise ValueError(f'arch must be one of {sorted(cls.arch_settings)} or a dict, got {arch!r}')
-            arch = cls.arch_settings[arch.lower()]
-        elif not isinstance(arch, dict) or 'depths' not in arch:
-            raise ValueError(f'arch must be a name or a dict with "depths", got {arch!r}')
-        arch = {**cls.default_arch, **arch}
-        for name in ('embed_dims', 'num_heads', 'mlp_ratios', 'sr_ratios', 'depths'):
-            if len(arch[name]) != cls.num_stages:
-                raise ValueError(f'arch {name} must have {cls.num_stages} entries, got {arch[name]}')
-        return arch
-
     def stage_modules(self, i: int) -> List[nn.Module]:
         """The modules of stage i (0-based) that ``frozen_stages`` freezes."""
         return [getattr(self, f'patch_embed{i + 1}'), getattr(self, f'block{i + 1}')]
@@ -144,29 +132,19 @@ class PolaPVT(FrozenStagesMixin, BaseModule):
     def stage_parameters(self, i: int) -> List[nn.Parameter]:
         return [getattr(self, f'pos_embed{i + 1}')]
 
-    def init_weights(self) -> None:
-        if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
-            checkpoint = self.init_cfg['checkpoint']
-            missing, unexpected, dropped = load_pretrained_polaformer(
-                self, checkpoint, 'pvt', self.init_cfg.get('prefix'))
-            print_log(f'PolaPVT: loaded {checkpoint}'
-                      + (f' (official layout; dropped {format_keys(dropped)})' if dropped else '')
-                      + f'; missing keys: {format_keys(missing)}; unexpected keys: '
-                      f'{format_keys(unexpected)}', logger='current')
-        elif self.init_cfg is None:
-            for module in self.modules():
-                if isinstance(module, nn.Linear):
-                    trunc_normal_(module.weight, std=0.02)
-                    if module.bias is not None:
-                        nn.init.zeros_(module.bias)
-                elif isinstance(module, nn.LayerNorm):
-                    nn.init.ones_(module.weight)
-                    nn.init.zeros_(module.bias)
-            for i in range(self.num_stages):
-                trunc_normal_(getattr(self, f'pos_embed{i + 1}'), std=0.02)
-        else:
-            super().init_weights()
-        self._is_init = True
+    def init_default_weights(self) -> None:
+        """The official initialisation: truncated-normal linear layers and position embeddings."""
+        super().init_default_weights()
+        for i in range(self.num_stages):
+            trunc_normal_(getattr(self, f'pos_embed{i + 1}'), std=0.02)
+
+    def convert_state_dict(self, state_dict: StateDict) -> Tuple[StateDict, Dict[str, str]]:
+        """Official PolaFormer files (recognised by their keys) to this backbone's keys; a file made
+        for another input (or window) size fails naming the settings to build with."""
+        if is_official_polaformer(state_dict):
+            check_official_settings(state_dict, 'pvt', self)
+            return convert_official(state_dict, 'pvt')
+        return state_dict, {}
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: [B, C_in, H, W] -> tuple of [B, embed_dims[i], ceil(H/s_i), ceil(W/s_i)], s_i = 4*2^i."""
@@ -184,9 +162,3 @@ class PolaPVT(FrozenStagesMixin, BaseModule):
                 outs.append(x.contiguous())
         return tuple(outs)
 
-
-def check_out_indices(out_indices: Sequence[int], num_stages: int) -> Tuple[int, ...]:
-    out_indices = tuple(i + num_stages if i < 0 else i for i in out_indices)
-    if not out_indices or any(not 0 <= i < num_stages for i in out_indices):
-        raise ValueError(f'out_indices must be a non-empty subset of 0..{num_stages - 1}, got {out_indices}')
-    return out_indices

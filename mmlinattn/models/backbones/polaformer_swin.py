@@ -1,17 +1,16 @@
-"""Pola-Swin: Swin with global polarity-aware linear attention in stages 1-2, shifted windows after."""
+"""Pola-Swin: Swin with global polarity-aware linear attention in stages 1-2, shifted windows after
+(docs/models/polaformer.md)."""
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-from mmengine.logging import print_log
-from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch import nn
 
 from mmlinattn.registry import MODELS
-from mmlinattn.utils.polaformer_checkpoint import format_keys, load_pretrained_polaformer
 from ..layers import PatchEmbed, PatchMerging, PolarityAttention, PreNormBlock, ShiftedWindowAttention
-from .frozen_stages import FrozenStagesMixin
-from .polaformer_pvt import check_out_indices
+from .base import StagedBackbone, StateDict
+from .polaformer_converter import (check_official_settings, convert_official,
+                                   is_official_polaformer)
 
 ATTN_TYPES = ('polarity', 'window')
 
@@ -26,7 +25,7 @@ class PolaSwinStage(nn.Module):
 
 
 @MODELS.register_module()
-class PolaSwin(FrozenStagesMixin, BaseModule):
+class PolaSwin(StagedBackbone):
     """Pola-Swin backbone (``type='mmlinattn.PolaSwin'``), laid out as the official model.
 
     A 4x4 patch embedding (+ LayerNorm), then four stages of pre-norm blocks (MLP ratio 4) with
@@ -37,8 +36,8 @@ class PolaSwin(FrozenStagesMixin, BaseModule):
     Stages with ``'window'`` use :class:`ShiftedWindowAttention` with ``window_size`` 7, shifted in
     every odd block, the map zero-padded to a multiple of the window and the shifted regions masked.
     The full-map positional encodings are what the published parameter counts require:
-    Pola-Swin-T has 29.30M parameters with them (S 50.63M, B 89.17M; published 29.3/50.6/89.1),
-    and 28.42M with 7x7 ones.
+    Pola-Swin-T has 29.29M parameters with them (S 50.60M, B 89.14M; published 29.3/50.6/89.1),
+    and 28.41M with 7x7 ones.
 
     Output i is LayerNorm ``norm{i}`` of stage i as ``[B, C*2^i, ceil(H / 2^(i+2)),
     ceil(W / 2^(i+2))]``; ``norm3`` is the official final ``norm``, so ``out_indices=(3,)`` followed
@@ -53,6 +52,10 @@ class PolaSwin(FrozenStagesMixin, BaseModule):
         mlp_ratio: hidden width of the MLPs / channels.
         qkv_bias: bias of the attention's input projections.
         alpha: the polarity attention's power is ``1 + alpha * sigmoid(theta)``.
+        polarity, power, fixed_power: ablations of the polarity attention layers (see
+            :class:`PolarityAttention` and docs/ablations.md): ``polarity='same'`` drops the
+            opposite-sign stream, ``power='fixed'`` uses ``p = fixed_power``. The defaults are the
+            official model.
         kernel_size: of the polarity attention's depthwise conv on v.
         drop_rate, attn_drop_rate: dropout (patch embedding, projections, MLPs; window attention).
         drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
@@ -73,8 +76,8 @@ class PolaSwin(FrozenStagesMixin, BaseModule):
         'small': dict(embed_dims=96, depths=[2, 2, 18, 2], num_heads=[3, 6, 12, 24]),
         'base': dict(embed_dims=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32]),
     }
-    default_attn_types = ('polarity', 'polarity', 'window', 'window')
-    num_stages = 4
+    arch_defaults = dict(attn_types=('polarity', 'polarity', 'window', 'window'))
+    per_stage_keys = ('depths', 'num_heads', 'attn_types')
     patch_size = 4
 
     def __init__(self,
@@ -86,6 +89,9 @@ class PolaSwin(FrozenStagesMixin, BaseModule):
                  qkv_bias: bool = True,
                  alpha: float = 4.0,
                  kernel_size: int = 5,
+                 polarity: str = 'both',
+                 power: str = 'learned',
+                 fixed_power: float = 3.0,
                  drop_rate: float = 0.0,
                  attn_drop_rate: float = 0.0,
                  drop_path_rate: float = 0.2,
@@ -94,18 +100,15 @@ class PolaSwin(FrozenStagesMixin, BaseModule):
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  init_cfg=None):
-        super().__init__(init_cfg=init_cfg)
-        arch = self._parse_arch(arch)
-        self.depths = list(arch['depths'])
-        self.num_heads = list(arch['num_heads'])
-        self.attn_types = list(arch.get('attn_types', self.default_attn_types))
-        self.embed_dims = [arch['embed_dims'] * 2**i for i in range(self.num_stages)]
-        self.out_indices = check_out_indices(out_indices, self.num_stages)
-        if not -1 <= frozen_stages <= self.num_stages:
-            raise ValueError(f'frozen_stages must be in -1..{self.num_stages}, got {frozen_stages}')
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
+        super().__init__(arch, out_indices, frozen_stages, norm_eval, init_cfg)
+        self.depths = list(self.arch['depths'])
+        self.num_heads = list(self.arch['num_heads'])
+        self.attn_types = list(self.arch['attn_types'])
+        if any(t not in ATTN_TYPES for t in self.attn_types):
+            raise ValueError(f'arch attn_types must be drawn from {ATTN_TYPES}, got {self.attn_types}')
+        self.embed_dims = [self.arch['embed_dims'] * 2**i for i in range(self.num_stages)]
         self.pretrain_img_size = pretrain_img_size
+        self.window_size = window_size
 
         self.patch_embed = PatchEmbed(in_channels, self.embed_dims[0], self.patch_size)
         self.pos_drop = nn.Dropout(drop_rate)
@@ -119,7 +122,8 @@ class PolaSwin(FrozenStagesMixin, BaseModule):
                 if self.attn_types[i] == 'polarity':
                     attn = PolarityAttention(dims, self.num_heads[i], pos_grid=(resolution, resolution),
                                              fused_qkvg=True, qkv_bias=qkv_bias, kernel_size=kernel_size,
-                                             alpha=alpha, proj_drop=drop_rate)
+                                             alpha=alpha, proj_drop=drop_rate, polarity=polarity,
+                                             power=power, fixed_power=fixed_power)
                 else:
                     attn = ShiftedWindowAttention(dims, self.num_heads[i], window_size, shift=j % 2 == 1,
                                                   qkv_bias=qkv_bias, attn_drop=attn_drop_rate,
@@ -133,24 +137,6 @@ class PolaSwin(FrozenStagesMixin, BaseModule):
                 self.add_module(f'norm{i}', nn.LayerNorm(dims))
         self._freeze_stages()
 
-    @classmethod
-    def _parse_arch(cls, arch: Union[str, dict]) -> dict:
-        if isinstance(arch, str):
-            if arch.lower() not in cls.arch_settings:
-                raise ValueError(f'arch must be one of {sorted(cls.arch_settings)} or a dict, got {arch!r}')
-            return cls.arch_settings[arch.lower()]
-        if not isinstance(arch, dict):
-            raise ValueError(f'arch must be a str or a dict, got {type(arch).__name__}')
-        missing = {'embed_dims', 'depths', 'num_heads'} - set(arch)
-        if missing:
-            raise ValueError(f'arch dict misses {sorted(missing)}; got keys {sorted(arch)}')
-        for name in ('depths', 'num_heads', 'attn_types'):
-            if name in arch and len(arch[name]) != cls.num_stages:
-                raise ValueError(f'arch {name} must have {cls.num_stages} entries, got {arch[name]}')
-        if any(t not in ATTN_TYPES for t in arch.get('attn_types', ())):
-            raise ValueError(f'arch attn_types must be drawn from {ATTN_TYPES}, got {arch["attn_types"]}')
-        return arch
-
     def stage_modules(self, i: int) -> List[nn.Module]:
         """The modules of stage i (0-based) that ``frozen_stages`` freezes."""
         modules = [self.patch_embed if i == 0 else self.layers[i - 1].downsample, self.layers[i].blocks]
@@ -158,29 +144,20 @@ class PolaSwin(FrozenStagesMixin, BaseModule):
             modules.append(getattr(self, f'norm{i}'))
         return modules
 
-    def init_weights(self) -> None:
-        if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
-            checkpoint = self.init_cfg['checkpoint']
-            missing, unexpected, dropped = load_pretrained_polaformer(
-                self, checkpoint, 'swin', self.init_cfg.get('prefix'))
-            print_log(f'PolaSwin: loaded {checkpoint}'
-                      + (f' (official layout; dropped {format_keys(dropped)})' if dropped else '')
-                      + f'; missing keys: {format_keys(missing)}; unexpected keys: '
-                      f'{format_keys(unexpected)}', logger='current')
-        elif self.init_cfg is None:
-            for module in self.modules():
-                if isinstance(module, nn.Linear):
-                    trunc_normal_(module.weight, std=0.02)
-                    if module.bias is not None:
-                        nn.init.zeros_(module.bias)
-                elif isinstance(module, nn.LayerNorm):
-                    nn.init.ones_(module.weight)
-                    nn.init.zeros_(module.bias)
-                elif isinstance(module, ShiftedWindowAttention):
-                    trunc_normal_(module.relative_position_bias_table, std=0.02)
-        else:
-            super().init_weights()
-        self._is_init = True
+    def init_default_weights(self) -> None:
+        """The official initialisation: truncated-normal linear layers and bias tables."""
+        super().init_default_weights()
+        for module in self.modules():
+            if isinstance(module, ShiftedWindowAttention):
+                trunc_normal_(module.relative_position_bias_table, std=0.02)
+
+    def convert_state_dict(self, state_dict: StateDict) -> Tuple[StateDict, Dict[str, str]]:
+        """Official PolaFormer files (recognised by their keys) to this backbone's keys; a file made
+        for another input (or window) size fails naming the settings to build with."""
+        if is_official_polaformer(state_dict):
+            check_official_settings(state_dict, 'swin', self)
+            return convert_official(state_dict, 'swin')
+        return state_dict, {}
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: [B, C_in, H, W] -> tuple of [B, C*2^i, ceil(H/s_i), ceil(W/s_i)], s_i = 4*2^i."""

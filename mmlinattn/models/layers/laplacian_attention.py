@@ -1,22 +1,37 @@
-"""LaplacianFormer's attention: normalised Laplacian-kernel attention, Nyström-approximated.
+"""LaplacianFormer's attention: normalised kernel attention, Nyström-approximated
+(docs/models/laplacianformer.md: the maths and shapes; docs/ablations.md: the switches).
 
-With ``K(a, b) = exp(-||a - b||_1 / lam)`` and a shared query/key projection ``q`` (so the landmark
-Gram matrix is symmetric positive definite), a head computes
+With a kernel ``K`` and a shared query/key projection ``q`` (so the landmark Gram matrix is
+symmetric positive definite), a head computes
 
     C = K(q, q~)                [N, m]     q~: m landmarks pooled from q
-    W = (K(q~, q~) + eps*I)^-1  [m, m]     Newton–Schulz, in fp32
-    y = C (W (C^T v)) / C (W (C^T 1))      right to left: O(N m d), never [N, N]
+    W = K(q~, q~) + eps*I       [m, m]     the landmark system, in fp32
+    y = C (W^-1 (C^T v)) / C (W^-1 (C^T 1))      right to left: O(N m d), never [N, N]
+
+The paper's model: ``K(a, b) = exp(-||a - b||_1 / lam)`` (``kernel='laplacian'``) and ``W^-1`` by
+Newton–Schulz (``inverse='newton_schulz'``). The ablations swap one part each:
+
+- ``kernel='gaussian'``: SOFT's ``K(a, b) = exp(-||a - b||_2^2 / 2)`` with SOFT's query scaling
+  ``d^-1/4`` (instead of ``d^-1/2``), computed by matmuls as ``|a|^2 + |b|^2 - 2 a.b``, clamped at 0.
+- ``inverse='exact'``: a Cholesky solve of ``W x = C^T [v, 1]``; ``inverse='conjugate_gradient'``:
+  ``cg_iters`` conjugate-gradient steps on it from x = 0, each column its own system.
 
 With m = N landmarks equal to the tokens this is exactly ``D^-1 K(q, q) v`` (``D = diag(K 1)``);
 ``landmark_ratio=1`` computes that exact form directly.
 """
-from typing import Optional, Tuple, Union
+import functools
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mmlinattn.ops import check_finite_input, compute_dtype, laplacian_kernel, newton_schulz_inverse
+
+KERNELS = ('laplacian', 'gaussian')
+INVERSES = ('newton_schulz', 'exact', 'conjugate_gradient')
+Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Solver = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _normalise(num_den: torch.Tensor, den_eps: float) -> torch.Tensor:
@@ -30,44 +45,136 @@ def _append_ones(v: torch.Tensor) -> torch.Tensor:
     return torch.cat([v, v.new_ones(v.shape[:-1] + (1, ))], dim=-1)
 
 
-def exact_laplacian_attention(q: torch.Tensor, v: torch.Tensor, lam: float = 4.0,
-                              den_eps: float = 1e-6) -> torch.Tensor:
-    """``y = D^-1 K v`` with ``K = K(q, q)`` and ``D = diag(K 1)``.
+def gaussian_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """SOFT's kernel ``exp(-||a_i - b_j||_2^2 / 2)``: a [..., N, D], b [..., M, D] -> [..., N, M].
 
-    q: [B, H, N, D], v: [B, H, N, Dv] -> [B, H, N, Dv]. Quadratic in N: for the stride-32 stage.
+    The squared distance is ``|a_i|^2 + |b_j|^2 - 2 a_i.b_j`` (matmuls, no [.., N, M, D] tensor),
+    clamped at 0 where rounding makes it negative.
     """
-    kernel = laplacian_kernel(q, q, lam)
-    return _normalise(kernel @ _append_ones(v).to(kernel.dtype), den_eps)
+    sq_dist = (a.square().sum(-1, keepdim=True) + b.square().sum(-1).unsqueeze(-2)
+               - 2 * a @ b.transpose(-2, -1))
+    return torch.exp(-0.5 * sq_dist.clamp(min=0))
+
+
+def conjugate_gradient_solve(matrix: torch.Tensor, rhs: torch.Tensor, iters: int,
+                             shift: float = 0.0) -> torch.Tensor:
+    """``iters`` conjugate-gradient steps on ``(matrix + shift*I) x = rhs`` from ``x_0 = 0``.
+
+    matrix: SPD [..., m, m], rhs: [..., m, k] -> x [..., m, k]; every column is its own system
+    (its own step sizes), all batched. With ``r = rhs - P x`` and ``p`` the search direction::
+
+        alpha = r.r / p.Pp,  x += alpha p,  r -= alpha Pp,  p = r + (r'.r' / r.r) p
+
+    Plain tensor operations, so autograd differentiates through the iterations. A converged
+    column (``r = 0``) stays put: the denominators are clamped at the dtype's smallest normal.
+    """
+    tiny = torch.finfo(rhs.dtype).tiny
+    x = torch.zeros_like(rhs)
+    residual = rhs
+    direction = rhs
+    residual_sq = rhs.square().sum(-2, keepdim=True)  # [..., 1, k]
+    for _ in range(iters):
+        projected = matrix @ direction + shift * direction
+        alpha = residual_sq / (direction * projected).sum(-2, keepdim=True).clamp(min=tiny)
+        x = x + alpha * direction
+        residual = residual - alpha * projected
+        new_residual_sq = residual.square().sum(-2, keepdim=True)
+        direction = residual + (new_residual_sq / residual_sq.clamp(min=tiny)) * direction
+        residual_sq = new_residual_sq
+    return x
+
+
+def cholesky_solve_spd(matrix: torch.Tensor, rhs: torch.Tensor, shift: float = 0.0) -> torch.Tensor:
+    """``(matrix + shift*I)^-1 rhs`` by a Cholesky factorisation: [..., m, m], [..., m, k] -> [..., m, k].
+
+    ``cholesky_ex`` does not check the factorisation on the host (no sync); a matrix that is not
+    positive definite gives NaN instead of an error.
+    """
+    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
+    factor, _ = torch.linalg.cholesky_ex(matrix + shift * eye)
+    return torch.cholesky_solve(rhs, factor)
+
+
+def landmark_gram(landmarks: torch.Tensor, kernel: Kernel) -> torch.Tensor:
+    """``K(q~, q~)`` in fp32 (fp64 stays fp64) with autocast off: [B, H, M, D] -> [B, H, M, M]."""
+    with torch.autocast(device_type=landmarks.device.type, enabled=False):
+        landmarks = landmarks.to(compute_dtype(landmarks.dtype))
+        return kernel(landmarks, landmarks)
 
 
 def landmark_inverse_gram(landmarks: torch.Tensor, lam: float = 4.0, ns_iters: int = 20,
                           ns_eps: float = 1e-2) -> torch.Tensor:
-    """``W = (K(q~, q~) + ns_eps*I)^-1`` by Newton–Schulz, always in fp32 (fp64 stays fp64).
+    """``W^-1 = (K(q~, q~) + ns_eps*I)^-1`` (Laplacian kernel) by Newton–Schulz, in fp32.
 
     landmarks: [B, H, M, D] -> [B, H, M, M]. Autocast is disabled here: the iteration squares its
     error each step, and in bf16 it stalls at ~1e-2 or diverges on ill-conditioned Gram matrices.
     """
-    dtype = compute_dtype(landmarks.dtype)
+    gram = landmark_gram(landmarks, functools.partial(laplacian_kernel, lam=lam))
     with torch.autocast(device_type=landmarks.device.type, enabled=False):
-        landmarks = landmarks.to(dtype)
-        gram = laplacian_kernel(landmarks, landmarks, lam)
         return newton_schulz_inverse(gram, iters=ns_iters, eps=ns_eps)
+
+
+def solve_landmark_system(gram: torch.Tensor, rhs: torch.Tensor, inverse: str = 'newton_schulz',
+                          eps: float = 1e-2, ns_iters: int = 20, cg_iters: int = 20) -> torch.Tensor:
+    """``(gram + eps*I)^-1 rhs``: gram [B, H, M, M] (fp32/fp64), rhs [B, H, M, k] -> rhs's dtype.
+
+    ``inverse``: 'newton_schulz' (``ns_iters`` steps give ``V ~ (gram + eps I)^-1``, then
+    ``V rhs`` in rhs's dtype, as under autocast), 'exact' (Cholesky, in gram's dtype) or
+    'conjugate_gradient' (``cg_iters`` steps per column of rhs, in gram's dtype).
+    """
+    with torch.autocast(device_type=gram.device.type, enabled=False):
+        if inverse == 'newton_schulz':
+            inverse_gram = newton_schulz_inverse(gram, iters=ns_iters, eps=eps)
+        elif inverse == 'exact':
+            return cholesky_solve_spd(gram, rhs.to(gram.dtype), eps).to(rhs.dtype)
+        elif inverse == 'conjugate_gradient':
+            return conjugate_gradient_solve(gram, rhs.to(gram.dtype), cg_iters, eps).to(rhs.dtype)
+        else:
+            raise ValueError(f'inverse must be one of {INVERSES}, got {inverse!r}')
+    return inverse_gram.to(rhs.dtype) @ rhs
+
+
+def exact_kernel_attention(q: torch.Tensor, v: torch.Tensor, kernel: Kernel,
+                           den_eps: float = 1e-6) -> torch.Tensor:
+    """``y = D^-1 K v`` with ``K = kernel(q, q)`` and ``D = diag(K 1)``.
+
+    q: [B, H, N, D], v: [B, H, N, Dv] -> [B, H, N, Dv]. Quadratic in N: for the stride-32 stage.
+    """
+    weights = kernel(q, q)
+    return _normalise(weights @ _append_ones(v).to(weights.dtype), den_eps)
+
+
+def nystrom_attention(q: torch.Tensor, landmarks: torch.Tensor, v: torch.Tensor, kernel: Kernel,
+                      solve: Solver, den_eps: float = 1e-6) -> torch.Tensor:
+    """``y = C (W^-1 (C^T v)) / clamp(C (W^-1 (C^T 1)), den_eps)``, ``C = kernel(q, q~)``.
+
+    q: [B, H, N, D], landmarks q~: [B, H, M, D], v: [B, H, N, Dv] -> [B, H, N, Dv];
+    ``solve(q~, rhs [B, H, M, k]) -> W^-1 rhs``. Cost O(N M (D + Dv)) plus the solve; memory O(N M).
+    """
+    cross = kernel(q, landmarks.to(q.dtype))  # C: [B, H, N, M]
+    v_ones = _append_ones(v).to(cross.dtype)  # [B, H, N, Dv + 1]
+    context = cross.transpose(-2, -1) @ v_ones  # C^T [v, 1]: [B, H, M, Dv + 1]
+    context = solve(landmarks, context)  # W^-1 C^T [v, 1]
+    return _normalise(cross @ context, den_eps)  # C W^-1 C^T [v, 1] -> [B, H, N, Dv]
+
+
+def exact_laplacian_attention(q: torch.Tensor, v: torch.Tensor, lam: float = 4.0,
+                              den_eps: float = 1e-6) -> torch.Tensor:
+    """:func:`exact_kernel_attention` with the Laplacian kernel ``exp(-||a - b||_1 / lam)``."""
+    return exact_kernel_attention(q, v, functools.partial(laplacian_kernel, lam=lam), den_eps)
 
 
 def nystrom_laplacian_attention(q: torch.Tensor, landmarks: torch.Tensor, v: torch.Tensor,
                                 lam: float = 4.0, ns_iters: int = 20, ns_eps: float = 1e-2,
                                 den_eps: float = 1e-6) -> torch.Tensor:
-    """``y = C (W (C^T v)) / clamp(C (W (C^T 1)), den_eps)``, ``C = K(q, q~)``, ``W`` as above.
+    """The paper's attention: :func:`nystrom_attention` with the Laplacian kernel and the
+    Newton–Schulz inverse of :func:`landmark_inverse_gram`. Cost O(N M (D + Dv) + M^3 ns_iters)."""
 
-    q: [B, H, N, D], landmarks q~: [B, H, M, D], v: [B, H, N, Dv] -> [B, H, N, Dv].
-    Cost O(N M (D + Dv) + M^3 ns_iters); memory O(N M).
-    """
-    cross = laplacian_kernel(q, landmarks.to(q.dtype), lam)  # C: [B, H, N, M]
-    inverse_gram = landmark_inverse_gram(landmarks, lam, ns_iters, ns_eps)  # W: [B, H, M, M]
-    v_ones = _append_ones(v).to(cross.dtype)  # [B, H, N, Dv + 1]
-    context = cross.transpose(-2, -1) @ v_ones  # C^T [v, 1]: [B, H, M, Dv + 1]
-    context = inverse_gram.to(context.dtype) @ context  # W C^T [v, 1]
-    return _normalise(cross @ context, den_eps)  # C W C^T [v, 1] -> [B, H, N, Dv]
+    def solve(points, rhs):
+        return landmark_inverse_gram(points, lam, ns_iters, ns_eps).to(rhs.dtype) @ rhs
+
+    return nystrom_attention(q, landmarks, v, functools.partial(laplacian_kernel, lam=lam), solve,
+                             den_eps)
 
 
 def _average_pool_matrix(size: torch.Tensor, limit: int, dtype: torch.dtype) -> torch.Tensor:
@@ -99,25 +206,36 @@ class LaplacianAttention(nn.Module):
 
     Per head (head dim ``d = embed_dims / num_heads``, stride ``s = landmark_ratio``):
 
-    - ``q = W_q x * d^-1/2`` is both query and key; ``v = W_v x``.
+    - ``q = W_q x * d^-1/2`` (``d^-1/4`` with ``kernel='gaussian'``) is both query and key;
+      ``v = W_v x``.
     - landmarks ``q~ = GELU(LN(Conv2d(d, d, s, stride=s)(q as [B*h, d, H, W])))``, q zero-padded on
       the bottom/right to a multiple of s, so ``m = ceil(H/s) * ceil(W/s)``; the conv is shared
       by the heads. ``max_landmark_grid=(gh, gw)`` average-pools the conv output to at most
       ``gh x gw`` before the LN (``m <= gh*gw``): without it m grows with the image (``H*W/s^2``,
       1050 per head at 800x1333) and the Newton–Schulz step (``2 m^3`` per iteration) dominates;
       with the 224^2 grid (7x7) as cap, the 224^2 model is unchanged and the cost stays linear.
-    - ``y = nystrom_laplacian_attention(q, q~, v)``; for ``s = 1`` the exact ``D^-1 K(q, q) v``.
+    - ``y = nystrom_attention(q, q~, v, K, W^-1)`` (see the module docstring); for ``s = 1`` the
+      exact ``D^-1 K(q, q) v``.
     - ``out = W_o (y + DWConv_k(v))``, the local branch a depthwise k x k conv on v as an image.
 
     Args:
         embed_dims: channels C.
         num_heads: heads h, dividing C.
         landmark_ratio: s >= 1, the landmark pooling stride; 1 selects exact attention.
-        lam: the kernel bandwidth.
+        lam: the Laplacian kernel's bandwidth; None means 4. The Gaussian kernel has none (SOFT's
+            ``exp(-||a - b||_2^2 / 2)``, its width set by the ``d^-1/4`` query scaling), so
+            ``kernel='gaussian'`` needs ``lam=None``.
+        kernel: 'laplacian' ``exp(-||a - b||_1 / lam)`` (the paper) or 'gaussian' (SOFT's).
+        inverse: how ``W^-1 C^T [v, 1]`` is solved: 'newton_schulz' (the paper; ``ns_iters``
+            steps from ``I / ||W||_inf``), 'exact' (Cholesky) or 'conjugate_gradient'
+            (``cg_iters`` steps per column). All in fp32 (fp64 stays fp64).
+        cg_iters: conjugate-gradient steps with ``inverse='conjugate_gradient'``.
         local_kernel_size: k of the depthwise local branch (odd); 0 disables it.
         qv_bias: bias of the q and v projections.
         proj_drop: dropout after the output projection.
-        ns_iters, ns_eps: Newton–Schulz steps and diagonal shift of the Gram inverse.
+        ns_iters: Newton–Schulz steps with ``inverse='newton_schulz'``.
+        ns_eps: the diagonal shift ``eps`` of the landmark system ``W = K(q~, q~) + eps*I``
+            (every inverse solves the same system).
         den_eps: lower clamp of the row normaliser.
         max_landmark_grid: None (m = ceil(H/s) * ceil(W/s)) or an int / (gh, gw) cap on the
             landmark grid.
@@ -125,10 +243,12 @@ class LaplacianAttention(nn.Module):
     Shapes: ``forward(x [B, N, C], hw_shape=(H, W))`` with ``N = H*W`` -> [B, N, C].
     """
 
-    def __init__(self, embed_dims: int, num_heads: int, landmark_ratio: int, lam: float = 4.0,
-                 local_kernel_size: int = 3, qv_bias: bool = True, proj_drop: float = 0.0,
-                 ns_iters: int = 20, ns_eps: float = 1e-2, den_eps: float = 1e-6,
-                 max_landmark_grid: Optional[Union[int, Tuple[int, int]]] = None):
+    def __init__(self, embed_dims: int, num_heads: int, landmark_ratio: int,
+                 lam: Optional[float] = None, local_kernel_size: int = 3, qv_bias: bool = True,
+                 proj_drop: float = 0.0, ns_iters: int = 20, ns_eps: float = 1e-2,
+                 den_eps: float = 1e-6,
+                 max_landmark_grid: Optional[Union[int, Tuple[int, int]]] = None,
+                 kernel: str = 'laplacian', inverse: str = 'newton_schulz', cg_iters: int = 20):
         super().__init__()
         if embed_dims % num_heads != 0:
             raise ValueError(f'embed_dims must be divisible by num_heads, got {embed_dims} and '
@@ -136,8 +256,20 @@ class LaplacianAttention(nn.Module):
         if (isinstance(landmark_ratio, bool) or not isinstance(landmark_ratio, int)
                 or landmark_ratio < 1):
             raise ValueError(f'landmark_ratio must be a positive integer, got {landmark_ratio!r}')
-        if not lam > 0:
-            raise ValueError(f'lam must be positive, got {lam!r}')
+        if kernel not in KERNELS:
+            raise ValueError(f'kernel must be one of {KERNELS}, got {kernel!r}')
+        if inverse not in INVERSES:
+            raise ValueError(f'inverse must be one of {INVERSES}, got {inverse!r}')
+        if kernel == 'gaussian' and lam is not None:
+            raise ValueError(f'lam is the Laplacian kernel\'s bandwidth; kernel=\'gaussian\' has '
+                             f'none and needs lam=None, got lam={lam!r}')
+        if kernel == 'laplacian':
+            lam = 4.0 if lam is None else lam
+            if not lam > 0:
+                raise ValueError(f'lam must be positive, got {lam!r}')
+        for name, iters in (('ns_iters', ns_iters), ('cg_iters', cg_iters)):
+            if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
+                raise ValueError(f'{name} must be a positive integer, got {iters!r}')
         if local_kernel_size < 0 or (local_kernel_size and local_kernel_size % 2 == 0):
             raise ValueError(f'local_kernel_size must be odd (or 0 for none), got {local_kernel_size}')
         if isinstance(max_landmark_grid, int):
@@ -151,11 +283,16 @@ class LaplacianAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dims = embed_dims // num_heads
         self.landmark_ratio = landmark_ratio
-        self.lam = float(lam)
+        self.kernel = kernel
+        self.inverse = inverse
+        self.lam = None if lam is None else float(lam)
         self.ns_iters = ns_iters
+        self.cg_iters = cg_iters
         self.ns_eps = ns_eps
         self.den_eps = den_eps
-        self.scale = self.head_dims**-0.5
+        # SOFT scales q by d^-1/4 before exp(-||q - k||^2 / 2), i.e. exp(q.k / sqrt(d)) up to the
+        # norms, as softmax attention (fudan-zvg/SOFT, models/softmax_free_transformer.py).
+        self.scale = self.head_dims**(-0.25 if kernel == 'gaussian' else -0.5)
 
         self.q = nn.Linear(embed_dims, embed_dims, bias=qv_bias)
         self.v = nn.Linear(embed_dims, embed_dims, bias=qv_bias)
@@ -171,9 +308,23 @@ class LaplacianAttention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def extra_repr(self) -> str:
-        return (f'num_heads={self.num_heads}, landmark_ratio={self.landmark_ratio}, lam={self.lam}, '
-                f'ns_iters={self.ns_iters}, ns_eps={self.ns_eps}, '
-                f'max_landmark_grid={self.max_landmark_grid}')
+        solver = {'newton_schulz': f'ns_iters={self.ns_iters}', 'exact': 'exact',
+                  'conjugate_gradient': f'cg_iters={self.cg_iters}'}[self.inverse]
+        return (f'num_heads={self.num_heads}, landmark_ratio={self.landmark_ratio}, '
+                f'kernel={self.kernel}, lam={self.lam}, inverse={self.inverse} ({solver}), '
+                f'ns_eps={self.ns_eps}, max_landmark_grid={self.max_landmark_grid}')
+
+    def kernel_matrix(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``K(a_i, b_j)`` of this layer's kernel: a [B, h, N, d], b [B, h, M, d] -> [B, h, N, M]."""
+        if self.kernel == 'gaussian':
+            return gaussian_kernel(a, b)
+        return laplacian_kernel(a, b, self.lam)
+
+    def landmark_solve(self, landmarks: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+        """``(K(q~, q~) + ns_eps*I)^-1 rhs`` by this layer's inverse, in fp32 (fp64 stays fp64):
+        landmarks [B, h, m, d], rhs [B, h, m, k] -> [B, h, m, k] in rhs's dtype."""
+        return solve_landmark_system(landmark_gram(landmarks, self.kernel_matrix), rhs, self.inverse,
+                                     self.ns_eps, self.ns_iters, self.cg_iters)
 
     def landmarks(self, q: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
         """q: [B, h, N, d] -> q~: [B, h, m, d], ``m = ceil(H/s) * ceil(W/s)`` (capped, see above)."""
@@ -195,6 +346,23 @@ class LaplacianAttention(nn.Module):
         pooled = self.landmark_act(self.landmark_norm(pooled))
         return pooled.reshape(batch, heads, -1, head_dims)
 
+    def attention_inputs(self, x: torch.Tensor, hw_shape: Tuple[int, int]):
+        """x [B, N, C] -> q [B, h, N, d] (``W_q x`` scaled, query and key), the landmarks
+        q~ [B, h, m, d] (None when ``landmark_ratio == 1``) and v [B, h, N, d]. The forward pass and
+        the analysis tools both read the layer through it."""
+        batch, num_tokens, _ = x.shape
+
+        def split_heads(t):  # [B, N, C] -> [B, h, N, d], a view
+            return t.reshape(batch, num_tokens, self.num_heads, self.head_dims).transpose(1, 2)
+
+        # The scale folded into the projection and q made contiguous once: the kernels, the
+        # landmark conv (which sees a view of it) and the backward need no more copies.
+        q_bias = None if self.q.bias is None else self.q.bias * self.scale
+        q = split_heads(F.linear(x, self.q.weight * self.scale, q_bias)).contiguous()
+        v = split_heads(self.v(x))
+        landmarks = self.landmarks(q, hw_shape) if self.landmark_ratio > 1 else None
+        return q, landmarks, v
+
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
         batch, num_tokens, channels = x.shape
         height, width = hw_shape
@@ -202,24 +370,15 @@ class LaplacianAttention(nn.Module):
             raise ValueError(f'x must be [B, H*W, {self.embed_dims}] for hw_shape {tuple(hw_shape)}, '
                              f'got {list(x.shape)}')
         check_finite_input(self, x)  # only with MMLINATTN_CHECK_FINITE=1
-
-        def split_heads(t):  # [B, N, C] -> [B, h, N, d], a view
-            return t.reshape(batch, num_tokens, self.num_heads, self.head_dims).transpose(1, 2)
-
-        # q = W_q x * d^-1/2, the scale folded into the projection and q made contiguous once: the
-        # kernels, the landmark conv (which sees a view of it) and the backward need no more copies.
-        q_bias = None if self.q.bias is None else self.q.bias * self.scale
-        q = split_heads(F.linear(x, self.q.weight * self.scale, q_bias)).contiguous()
-        v_tokens = self.v(x)
-        v = split_heads(v_tokens)
-        if self.landmark_ratio == 1:
-            y = exact_laplacian_attention(q, v, self.lam, self.den_eps)
+        q, landmarks, v = self.attention_inputs(x, hw_shape)
+        if landmarks is None:
+            y = exact_kernel_attention(q, v, self.kernel_matrix, self.den_eps)
         else:
-            y = nystrom_laplacian_attention(q, self.landmarks(q, hw_shape), v, self.lam,
-                                            self.ns_iters, self.ns_eps, self.den_eps)
-        y = y.transpose(1, 2).reshape(batch, num_tokens, channels).to(v_tokens.dtype)
-        if self.local_conv is not None:  # on v as a channels-last image: views, no copies
-            v_image = v_tokens.reshape(batch, height, width, channels).permute(0, 3, 1, 2)
+            y = nystrom_attention(q, landmarks, v, self.kernel_matrix, self.landmark_solve,
+                                  self.den_eps)
+        y = y.transpose(1, 2).reshape(batch, num_tokens, channels).to(v.dtype)
+        if self.local_conv is not None:  # v as a channels-last image [B, C, H, W]: views, no copies
+            v_image = v.transpose(1, 2).reshape(batch, height, width, channels).permute(0, 3, 1, 2)
             local = self.local_conv(v_image).permute(0, 2, 3, 1)
             y = y + local.reshape(batch, num_tokens, channels)
         return self.proj_drop(self.proj(y))

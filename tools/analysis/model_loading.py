@@ -13,6 +13,11 @@ from mmengine.logging import MMLogger
 from mmengine.registry import init_default_scope
 from torch import nn
 
+from mmlinattn.checkpoint import load_checkpoint_file
+from mmlinattn.models.backbones.base import unwrap_state_dict
+from mmlinattn.models.backbones.polaformer_converter import (convert_official, detect_family,
+                                                             is_official_polaformer)
+
 SCOPES = ('mmdet', 'mmseg', 'mmpretrain')
 IMAGENET_MEAN = (123.675, 116.28, 103.53)
 IMAGENET_STD = (58.395, 57.12, 57.375)
@@ -69,13 +74,7 @@ def build_classifier(cfg: Config, checkpoint: Optional[str] = None) -> nn.Module
     with _quiet_mmengine_logger():  # init_weights logs every parameter at INFO level
         model.init_weights()
     if checkpoint is not None:
-        from mmengine.runner.checkpoint import CheckpointLoader
-
-        from mmlinattn.utils.polaformer_checkpoint import (convert_official, detect_family,
-                                                           is_official_polaformer,
-                                                           unwrap_state_dict)
-        state_dict = unwrap_state_dict(
-            CheckpointLoader.load_checkpoint(checkpoint, map_location='cpu'))
+        state_dict = unwrap_state_dict(load_checkpoint_file(checkpoint))
         if is_official_polaformer(state_dict):
             state_dict, _ = convert_official(state_dict, detect_family(state_dict), keep_head=True)
         model.load_state_dict(state_dict, strict=True)

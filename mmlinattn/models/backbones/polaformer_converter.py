@@ -17,13 +17,20 @@ the unused PVT ``norm``, the buffers, which are recomputed) and renames Swin's f
 ``norm3`` (the backbone's stage-4 output norm, applied before the classifier's pooling, as in the
 official forward). With ``keep_head`` the result is an mmpretrain ``ImageClassifier`` state dict
 (``backbone.*`` and ``head.fc.*``).
+
+:func:`official_model_settings` reads the input size and window size a file was made for from its
+shapes (the official Pola-Swin-B at 384^2 uses window 12), so the model to convert into can be
+built to match.
 """
+import math
 import re
 from collections import OrderedDict
-from typing import Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 import torch
-from torch import nn
+
+from ..layers.window_attention import relative_position_index, shifted_window_mask
+from .base import unwrap_state_dict
 
 FAMILIES = ('pvt', 'swin')
 ARCHS = {
@@ -39,20 +46,6 @@ _BUFFER_SUFFIXES = ('.relative_position_index', '.attn_mask')
 _HEAD_KEYS = {'head.weight': 'head.fc.weight', 'head.bias': 'head.fc.bias'}
 
 
-def unwrap_state_dict(checkpoint: Mapping) -> Dict[str, torch.Tensor]:
-    """The state dict of a loaded checkpoint: under ``model`` or ``state_dict``, ``module.`` stripped."""
-    state_dict = checkpoint
-    for wrapper in ('model', 'state_dict'):
-        if isinstance(state_dict, Mapping) and isinstance(state_dict.get(wrapper), Mapping):
-            state_dict = state_dict[wrapper]
-            break
-    if not isinstance(state_dict, Mapping):
-        raise ValueError(f'a checkpoint must be a dict of tensors (optionally under "model" or '
-                         f'"state_dict"), got {type(state_dict).__name__}')
-    return OrderedDict((k[len('module.'):] if k.startswith('module.') else k, v)
-                       for k, v in state_dict.items())
-
-
 def detect_family(state_dict: Mapping) -> Optional[str]:
     """'pvt' (``block1.*`` keys), 'swin' (``layers.0.blocks.*``) or None."""
     keys = list(state_dict)
@@ -61,6 +54,49 @@ def detect_family(state_dict: Mapping) -> Optional[str]:
     if any(re.match(r'(backbone\.)?layers\.0\.blocks\.\d+\.', k) for k in keys):
         return 'swin'
     return None
+
+
+def _square_side(key: str, tokens: int) -> int:
+    side = math.isqrt(tokens)
+    if side * side != tokens:
+        raise ValueError(f'{key} holds {tokens} tokens, not a square grid; give the image size '
+                         'explicitly')
+    return side
+
+
+def official_model_settings(state_dict: Mapping, family: str) -> Dict[str, int]:
+    """``pretrain_img_size`` (and for Pola-Swin ``window_size``) of the model a file was made for.
+
+    Pola-PVT: ``pos_embed1`` is ``[1, (S/4)^2, C]``. Pola-Swin: ``layers.0.blocks.0.attn.
+    positional_encoding`` is ``[1, (S/4)^2, C]``, a window stage's ``relative_position_bias_table``
+    ``[(2w - 1)^2, heads]``. ``state_dict``: official or converted keys (``backbone.`` allowed).
+    """
+    if family not in FAMILIES:
+        raise ValueError(f'family must be one of {FAMILIES}, got {family!r}')
+    shapes = {k[len('backbone.'):] if k.startswith('backbone.') else k: tuple(v.shape)
+              for k, v in unwrap_state_dict(state_dict).items()}
+    size_key = 'pos_embed1' if family == 'pvt' else 'layers.0.blocks.0.attn.positional_encoding'
+    if size_key not in shapes:
+        raise ValueError(f'{size_key} is missing: cannot tell the image size the weights are for')
+    settings = dict(pretrain_img_size=4 * _square_side(size_key, shapes[size_key][1]))
+    if family == 'swin':
+        tables = [k for k in shapes if k.endswith('.attn.relative_position_bias_table')]
+        if not tables:
+            raise ValueError('no relative_position_bias_table: cannot tell the window size')
+        settings['window_size'] = (_square_side(tables[0], shapes[tables[0]][0]) + 1) // 2
+    return settings
+
+
+def check_official_settings(state_dict: Mapping, family: str, backbone) -> None:
+    """Raise ``ValueError`` naming the settings when an official file was made for another input or
+    window size than ``backbone`` (a PolaPVT / PolaSwin) is built for."""
+    wanted = official_model_settings(state_dict, family)
+    built = {name: getattr(backbone, name) for name in wanted}
+    if wanted != built:
+        given = ', '.join(f'{k}={v}' for k, v in wanted.items())
+        raise ValueError(f'the checkpoint was made for {given}, but {type(backbone).__name__} is '
+                         f'built with {", ".join(f"{k}={v}" for k, v in built.items())}; build the '
+                         f'backbone with {given}')
 
 
 def is_official_polaformer(state_dict: Mapping) -> bool:
@@ -111,8 +147,6 @@ def to_official(state_dict: Mapping, family: str, pretrain_img_size: int = 224,
     ``norm`` (identity weights), for Pola-Swin the ``relative_position_index`` buffers and the
     ``attn_mask`` buffers of the shifted blocks at ``pretrain_img_size``.
     """
-    # imported here: the backbones import this module, so a top-level import of the layers would be circular
-    from mmlinattn.models.layers.window_attention import relative_position_index, shifted_window_mask
     if family not in FAMILIES:
         raise ValueError(f'family must be one of {FAMILIES}, got {family!r}')
     head = {official: state_dict[ours] for official, ours in _HEAD_KEYS.items() if ours in state_dict}
@@ -144,51 +178,3 @@ def to_official(state_dict: Mapping, family: str, pretrain_img_size: int = 224,
         official['norm.bias'] = torch.zeros(last_dims)
     official.update(head)
     return {'model': official}
-
-
-def check_shapes(module: nn.Module, state_dict: Mapping, source: str = 'checkpoint') -> None:
-    """Raise ``ValueError`` naming the first key whose shape differs from the module's."""
-    own = module.state_dict()
-    for key, value in state_dict.items():
-        if key in own and tuple(own[key].shape) != tuple(value.shape):
-            raise ValueError(f'{source}: {key} has shape {list(value.shape)} but '
-                             f'{type(module).__name__} expects {list(own[key].shape)}')
-
-
-def load_checked(module: nn.Module, state_dict: Mapping, source: str = 'checkpoint',
-                 strict: bool = False) -> Tuple[List[str], List[str]]:
-    """``check_shapes`` then ``load_state_dict``; returns (missing keys, unexpected keys)."""
-    check_shapes(module, state_dict, source)
-    missing, unexpected = module.load_state_dict(state_dict, strict=strict)
-    return list(missing), list(unexpected)
-
-
-def backbone_state_dict(state_dict: Mapping, prefix: Optional[str] = None) -> Dict[str, torch.Tensor]:
-    """Keys under ``prefix`` (``'backbone.'`` when the dict is a whole model's and prefix is None)."""
-    if prefix is None and any(k.startswith('backbone.') for k in state_dict):
-        prefix = 'backbone.'
-    if not prefix:
-        return OrderedDict(state_dict)
-    return OrderedDict((k[len(prefix):], v) for k, v in state_dict.items() if k.startswith(prefix))
-
-
-def load_pretrained_polaformer(module: nn.Module, checkpoint: str, family: str,
-                               prefix: Optional[str] = None) -> Tuple[List[str], List[str], Dict[str, str]]:
-    """Load an official or converted PolaFormer checkpoint into a backbone (``init_cfg`` Pretrained).
-
-    Official files are recognised by their key names (:func:`is_official_polaformer`) and converted.
-    Returns (missing keys, unexpected keys, dropped keys -> reason); a shape mismatch raises.
-    """
-    from mmengine.runner.checkpoint import CheckpointLoader
-    state_dict = unwrap_state_dict(CheckpointLoader.load_checkpoint(checkpoint, map_location='cpu'))
-    dropped: Dict[str, str] = {}
-    if is_official_polaformer(state_dict):
-        state_dict, dropped = convert_official(state_dict, family)
-    state_dict = backbone_state_dict(state_dict, prefix)
-    missing, unexpected = load_checked(module, state_dict, source=checkpoint)
-    return missing, unexpected, dropped
-
-
-def format_keys(keys: Iterable[str]) -> str:
-    keys = list(keys)
-    return ', '.join(keys) if keys else 'none'

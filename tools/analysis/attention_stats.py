@@ -4,34 +4,39 @@ Record the inputs of every :class:`LaplacianAttention` / :class:`PolarityAttenti
 :func:`record_attentions` (forward hooks, removed afterwards; the layers are not changed), then
 recompute, for chosen queries, the weights over keys that each layer applies to its values:
 
-- LaplacianFormer (``K(a, b) = exp(-||a - b||_1 / lam)``, q is also the key, q~ the landmarks,
-  ``W = (K(q~, q~) + ns_eps I)^-1`` by Newton–Schulz)::
+- LaplacianFormer (the layer's kernel ``K``, by default ``exp(-||a - b||_1 / lam)``, q is also
+  the key, q~ the landmarks, ``W = K(q~, q~) + ns_eps I`` solved by the layer's inverse)::
 
-      A_i = C_i W C^T / clamp(C_i W C^T 1, den_eps)     C = K(q, q~) [N, m], C_i its row i
+      A_i = C_i W^-1 C^T / clamp(C_i W^-1 C^T 1, den_eps)     C = K(q, q~) [N, m], C_i its row i
 
-  so that the layer's ``y_i = A_i v`` (:func:`laplacian_attention_rows`); with ``landmark_ratio=1``
+  so that the layer's ``y_i = A_i v`` (:func:`nystrom_attention_rows`, with the layer's
+  ``kernel_matrix`` and ``landmark_solve``); with ``landmark_ratio=1``
   ``A_i = K(q_i, q) / clamp(K(q_i, q) 1, den_eps)``. Nyström rows sum to one but may hold small
-  negative entries.
-- PolaFormer (``phi_s(q) = [q+, q-]``, ``phi_o(q) = [q-, q+]``, ``phi(k) = [k+, k-]``, n keys)::
+  negative entries. With ``inverse='conjugate_gradient'`` the rows are ``C_i CG(W, C^T)``, each
+  key's column solved on its own; the layer solves ``C^T [v, 1]`` instead, so ``A v`` equals its
+  output only as far as CG has converged (CG's iterates are not linear in the right-hand side).
+- PolaFormer (``phi_s(q) = [q+, q-]``, ``phi_o(q) = [q-, q+]``, ``phi(k) = [k+, k-]``, n keys,
+  the layer's power, fixed or learned)::
 
       S_ij = phi_s(q_i).phi(k_j) / (sum_l phi_s(q_i).phi(k_l) + n eps)     (same sign)
       O_ij = phi_o(q_i).phi(k_j) / (sum_l phi_o(q_i).phi(k_l) + n eps)     (opposite sign)
 
-  so that the op's output is ``[S v1 || O v2]`` (:func:`polarity_attention_rows`).
+  so that the op's output is ``[S v1 || O v2]`` (:func:`polarity_attention_rows`); with
+  ``polarity='same'`` the layer's output is ``S v`` and O is not a stream of it.
 - Softmax over the same q and k: ``softmax(scale * q_i.k_j)`` (:func:`softmax_rows`).
 
 Shapes: q [B, h, N, d], keys [B, h, n, d]; rows [B, h, Q, n] for Q selected queries.
 """
 import dataclasses
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+import functools
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from mmlinattn.models.layers import LaplacianAttention, PolarityAttention, resize_pos_embed
-from mmlinattn.models.layers.laplacian_attention import landmark_inverse_gram
+from mmlinattn.models.layers import LaplacianAttention, PolarityAttention
+from mmlinattn.models.layers.laplacian_attention import landmark_gram, solve_landmark_system
 from mmlinattn.ops import laplacian_kernel
 
 LINEAR_ATTENTIONS = (LaplacianAttention, PolarityAttention)
@@ -97,39 +102,47 @@ def record_attentions(model: nn.Module, *inputs, **kwargs) -> List[AttentionReco
     return records
 
 
-def _split_heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """[B, n, C] -> [B, h, n, C/h]."""
-    batch, tokens, channels = t.shape
-    return t.reshape(batch, tokens, num_heads, channels // num_heads).transpose(1, 2)
-
-
 def laplacian_inputs(module: LaplacianAttention, x: torch.Tensor, hw_shape: Tuple[int, int]):
-    """The layer's ``q = W_q x * d^-1/2`` [B, h, N, d], landmarks q~ [B, h, m, d] (None when
-    ``landmark_ratio == 1``) and ``v`` [B, h, N, d], computed with the layer's own modules."""
+    """The layer's q [B, h, N, d], landmarks q~ [B, h, m, d] (None when ``landmark_ratio == 1``)
+    and v [B, h, N, d], from :meth:`LaplacianAttention.attention_inputs`."""
     with torch.no_grad():
-        q = _split_heads(module.q(x), module.num_heads) * module.scale
-        v = _split_heads(module.v(x), module.num_heads)
-        landmarks = module.landmarks(q, hw_shape) if module.landmark_ratio > 1 else None
-    return q, landmarks, v
+        return module.attention_inputs(x, hw_shape)
 
 
 def polarity_inputs(module: PolarityAttention, x: torch.Tensor, hw_shape: Tuple[int, int]):
-    """What the layer feeds its polarity op: q [B, h, N, d], k [B, h, n, d] (``k + pos``, both
-    divided by ``softplus(scale)``), v [B, h, n, d], the power [1, h, 1, d] and the key grid."""
+    """What the layer feeds its polarity op: q [B, h, N, d], k [B, h, n, d], v [B, h, n, d], the
+    power [1, h, 1, d] and the key grid, from :meth:`PolarityAttention.attention_inputs`."""
     with torch.no_grad():
-        q, k, v, _, kv_grid = module._project(x, hw_shape)
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-        pos = resize_pos_embed(module.positional_encoding.to(dtype), module.pos_grid, kv_grid)
-        scale = F.softplus(module.scale.to(dtype))
-        q, k = q / scale, (k + pos) / scale
-        power = module.feature_power().to(dtype)
-    heads = module.num_heads
-    return _split_heads(q, heads), _split_heads(k, heads), _split_heads(v, heads), power, kv_grid
+        q, k, v, _, power, kv_grid = module.attention_inputs(x, hw_shape)
+    return q, k, v, power, kv_grid
 
 
 def _select(q: torch.Tensor, query_index: Optional[torch.Tensor]) -> torch.Tensor:
     return q if query_index is None else q[..., query_index, :]
+
+
+def nystrom_attention_rows(q: torch.Tensor,
+                           landmarks: Optional[torch.Tensor],
+                           kernel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                           solve: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                           den_eps: float = 1e-6,
+                           query_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Rows ``A_i`` of a (Nyström) kernel attention, see the module docstring.
+
+    q: [B, h, N, d] (queries and keys), landmarks: [B, h, m, d] or None for exact attention,
+    ``kernel(a, b) -> K(a, b)``, ``solve(q~, rhs) -> W^-1 rhs`` (a layer's ``kernel_matrix`` and
+    ``landmark_solve``), query_index: [Q] token indices (all when None) -> [B, h, Q, N].
+    ``A v`` is the layer's output before the local branch, up to rounding.
+    """
+    queries = _select(q, query_index)
+    if landmarks is None:
+        weights = kernel(queries, q)
+    else:
+        landmarks = landmarks.to(q.dtype)
+        cross_queries = kernel(queries, landmarks)  # [B, h, Q, m]
+        cross_keys = kernel(q, landmarks)  # [B, h, N, m]
+        weights = cross_queries @ solve(landmarks, cross_keys.transpose(-2, -1))
+    return weights / weights.sum(-1, keepdim=True).clamp(min=den_eps)
 
 
 def laplacian_attention_rows(q: torch.Tensor,
@@ -139,22 +152,15 @@ def laplacian_attention_rows(q: torch.Tensor,
                              ns_eps: float = 1e-2,
                              den_eps: float = 1e-6,
                              query_index: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Rows ``A_i`` of the (Nyström) Laplacian attention, see the module docstring.
+    """:func:`nystrom_attention_rows` of the paper's attention: the Laplacian kernel and the
+    Newton–Schulz inverse. -> [B, h, Q, N]."""
+    kernel = functools.partial(laplacian_kernel, lam=lam)
 
-    q: [B, h, N, d] (queries and keys), landmarks: [B, h, m, d] or None for exact attention,
-    query_index: [Q] token indices (all when None) -> [B, h, Q, N]. ``A v`` is the layer's output
-    before the local branch, up to rounding.
-    """
-    queries = _select(q, query_index)
-    if landmarks is None:
-        weights = laplacian_kernel(queries, q, lam)
-    else:
-        landmarks = landmarks.to(q.dtype)
-        inverse_gram = landmark_inverse_gram(landmarks, lam, ns_iters, ns_eps).to(q.dtype)
-        cross_queries = laplacian_kernel(queries, landmarks, lam)  # [B, h, Q, m]
-        cross_keys = laplacian_kernel(q, landmarks, lam)  # [B, h, N, m]
-        weights = cross_queries @ inverse_gram @ cross_keys.transpose(-2, -1)
-    return weights / weights.sum(-1, keepdim=True).clamp(min=den_eps)
+    def solve(points, rhs):
+        return solve_landmark_system(landmark_gram(points, kernel), rhs, 'newton_schulz', ns_eps,
+                                     ns_iters)
+
+    return nystrom_attention_rows(q, landmarks, kernel, solve, den_eps, query_index)
 
 
 def polarity_features(x: torch.Tensor, power: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -244,17 +250,23 @@ def pairwise_distances(q: torch.Tensor,
 
 def kernel_scales(l1: torch.Tensor,
                   sq_l2: torch.Tensor,
-                  lam: Optional[float] = None) -> Dict[str, float]:
+                  lam: Optional[float] = None,
+                  sigma: Optional[float] = None) -> Dict[str, float]:
     """Bandwidths of the two kernels drawn over the distance histograms.
 
-    Laplacian ``exp(-l1 / lam)``: ``lam`` the model's (when given), else the median L1 distance.
-    Gaussian ``exp(-l2^2 / (2 sigma^2))``: sigma matched at the medians, i.e. both kernels take the
-    same value at their median distance, ``sigma^2 = lam * median(l2^2) / (2 median(l1))``.
+    Laplacian ``exp(-l1 / lam)`` and Gaussian ``exp(-l2^2 / (2 sigma^2))``: the one given is the
+    model's; the other is matched at the medians, i.e. both kernels take the same value at their
+    median distance, ``lam * median(l2^2) = 2 sigma^2 median(l1)``. Neither given: ``lam`` is the
+    median L1 distance.
     """
     median_l1 = float(l1.flatten().median())
     median_sq_l2 = float(sq_l2.flatten().median())
-    lam = median_l1 if lam is None else float(lam)
-    sigma = math.sqrt(lam * median_sq_l2 / (2 * median_l1)) if median_l1 > 0 else float('nan')
+    if sigma is not None and lam is None:
+        sigma = float(sigma)
+        lam = 2 * sigma**2 * median_l1 / median_sq_l2 if median_sq_l2 > 0 else float('nan')
+    else:
+        lam = median_l1 if lam is None else float(lam)
+        sigma = math.sqrt(lam * median_sq_l2 / (2 * median_l1)) if median_l1 > 0 else float('nan')
     return dict(lam=lam,
                 sigma=sigma,
                 median_l1=median_l1,
@@ -281,20 +293,24 @@ def attention_streams(
 ) -> Tuple[Dict[str, torch.Tensor], torch.Tensor, torch.Tensor, float, Tuple[int, int]]:
     """The layer's attention rows by stream name, its (q, keys), its softmax scale and key grid.
 
-    LaplacianFormer: ``{'laplacian': A}``; keys are q; softmax scale ``d^{1/2}`` on the layer's
-    scaled q, i.e. ``softmax(q'.k' / sqrt(d))`` of the raw projection ``q' = W_q x`` (which is
-    also the key). PolaFormer: ``{'same': S, 'opposite': O}``; softmax ``softmax(q.k / sqrt(d))``
-    of the q and k the polarity op receives.
+    LaplacianFormer: ``{'laplacian': A}`` (whatever the layer's kernel and inverse); keys are q;
+    softmax scale ``1 / (sqrt(d) * layer.scale^2)`` on the layer's scaled q, i.e.
+    ``softmax(q'.k' / sqrt(d))`` of the raw projection ``q' = W_q x`` (which is also the key).
+    PolaFormer: ``{'same': S, 'opposite': O}``, or ``{'same': S}`` with ``polarity='same'``;
+    softmax ``softmax(q.k / sqrt(d))`` of the q and k the polarity op receives.
     """
     module = record.module
     if isinstance(module, LaplacianAttention):
         q, landmarks, _ = laplacian_inputs(module, record.x, record.hw_shape)
-        rows = laplacian_attention_rows(q, landmarks, module.lam, module.ns_iters, module.ns_eps,
-                                        module.den_eps, query_index)
-        return {'laplacian': rows}, q, q, module.head_dims**0.5, record.hw_shape
+        with torch.no_grad():
+            rows = nystrom_attention_rows(q, landmarks, module.kernel_matrix, module.landmark_solve,
+                                          module.den_eps, query_index)
+        softmax_scale = module.head_dims**-0.5 / module.scale**2
+        return {'laplacian': rows}, q, q, softmax_scale, record.hw_shape
     q, k, _, power, kv_grid = polarity_inputs(module, record.x, record.hw_shape)
     same, opposite = polarity_attention_rows(q, k, power, module.eps, query_index)
-    return {'same': same, 'opposite': opposite}, q, k, module.head_dims**-0.5, kv_grid
+    streams = {'same': same} if module.polarity == 'same' else {'same': same, 'opposite': opposite}
+    return streams, q, k, module.head_dims**-0.5, kv_grid
 
 
 def layer_statistics(record: AttentionRecord, max_queries: Optional[int] = 1024) -> LayerStatistics:
@@ -309,7 +325,9 @@ def layer_statistics(record: AttentionRecord, max_queries: Optional[int] = 1024)
     is_laplacian = isinstance(record.module, LaplacianAttention)
     negative = negative_mass(streams['laplacian' if is_laplacian else 'same']).mean(dim=(0, 2))
     l1, sq_l2 = pairwise_distances(q, k, query_index, exclude_self=is_laplacian)
-    scales = kernel_scales(l1, sq_l2, record.module.lam if is_laplacian else None)
+    gaussian = is_laplacian and record.module.kernel == 'gaussian'
+    scales = kernel_scales(l1, sq_l2, record.module.lam if is_laplacian else None,
+                           sigma=1.0 if gaussian else None)
     return LayerStatistics('laplacian' if is_laplacian else 'polarity', k.shape[-2], entropy,
                            negative.tolist(), scales, softmax_scale, l1.flatten(), sq_l2.flatten())
 

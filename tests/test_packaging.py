@@ -1,0 +1,123 @@
+"""The package as a user installs it: the shipped configs are found by name, and a wheel built from the
+sdist, installed outside the checkout, carries the compiled ops and the configs, declares what
+``import mmlinattn`` imports, and serves a config of the user's own that inherits ours by path
+(mmengine 0.10 rejects ``_base_ = ['mmlinattn::...']``; README, "Using the backbones in your own config")."""
+import glob
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from mmlinattn.configs import config_dir, config_path, list_configs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_config_path_finds_every_shipped_config():
+    names = list_configs()
+    assert names == sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, 'configs', '*.py')))
+    path = config_path('mask_rcnn_laplacian_tiny_1x_coco')
+    assert os.path.isabs(path) and os.path.samefile(
+        path, os.path.join(ROOT, 'configs', 'mask_rcnn_laplacian_tiny_1x_coco.py'))
+    assert os.path.samefile(config_path('_base_/plugin.py'), os.path.join(config_dir(), '_base_', 'plugin.py'))
+
+
+@pytest.mark.parametrize('name, message', [
+    ('mask_rcnn_laplacian_huge_1x_coco.py', "no config 'mask_rcnn_laplacian_huge_1x_coco.py'"),
+    ('../setup.py', 'must be relative to the config folder'),
+    ('', 'must be a config file name'),
+])
+def test_config_path_rejects_bad_names(name, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        config_path(name)
+
+
+def _run(args, cwd, env, timeout=1800):
+    proc = subprocess.run(args, cwd=cwd, env=env, timeout=timeout, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        pytest.fail(f'{" ".join(map(str, args))} exited with {proc.returncode}:\n{proc.stdout[-6000:]}')
+    return proc.stdout
+
+
+# Runs from the user's folder with only the installed wheel on PYTHONPATH (torch, mmcv, mmdet come
+# from the interpreter's environment); MMLINATTN_OPS=compiled makes a missing kernel an error.
+USER_SCRIPT = textwrap.dedent('''
+    import importlib.metadata
+    import os
+    import sys
+
+    import torch
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+
+    site = sys.argv[1]
+    requires = importlib.metadata.requires('mmlinattn')
+    assert any(r.startswith('mmcv') for r in requires), requires
+    assert any(r.startswith('mmengine') for r in requires), requires
+
+    assert Config.fromfile('my_mask_rcnn_abs.py').model == Config.fromfile('my_mask_rcnn.py').model
+    cfg = Config.fromfile('my_mask_rcnn.py')
+    assert cfg.model.backbone.type == 'mmlinattn.LaplacianFormer', cfg.model.backbone
+    assert cfg.model.backbone.drop_path_rate == 0.2  # the user's override
+    assert cfg.default_scope == 'mmdet' and cfg.custom_imports.imports == ['mmlinattn']
+
+    import mmlinattn
+    import mmlinattn._ext
+    for module in (mmlinattn, mmlinattn._ext):
+        assert os.path.realpath(module.__file__).startswith(site), module.__file__
+    init_default_scope('mmdet')
+    from mmdet.registry import MODELS
+    model = MODELS.build(cfg.model).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        feats = model.backbone(torch.randn(1, 3, 96, 160))
+    shapes = [tuple(f.shape) for f in feats]
+    assert shapes == [(1, 64, 24, 40), (1, 128, 12, 20), (1, 320, 6, 10), (1, 512, 3, 5)], shapes
+    assert all(torch.isfinite(f).all() for f in feats)
+    print('extension:', mmlinattn.ops.extension_status())
+''')
+
+
+@pytest.mark.slow
+def test_wheel_installed_outside_checkout_serves_user_config(tmp_path):
+    env = dict(os.environ, MAX_JOBS=os.environ.get('MAX_JOBS', '2'))
+    env.pop('PYTHONPATH', None)
+    env.pop('FORCE_CUDA', None)  # the CPU kernels are enough here; CUDA compilation takes minutes
+    dist, wheels, site, user = (tmp_path / d for d in ('dist', 'wheels', 'site', 'user'))
+    _run([sys.executable, 'setup.py', '-q', 'egg_info', '--egg-base', str(tmp_path),
+          'sdist', '--dist-dir', str(dist)], cwd=ROOT, env=env)
+    sdist, = dist.glob('mmlinattn-*.tar.gz')
+    log = _run([sys.executable, '-m', 'pip', 'wheel', '-v', '--no-build-isolation', '--no-deps',
+                '-w', str(wheels), str(sdist)], cwd=tmp_path, env=env)
+    major_minor = tuple(int(p) for p in re.match(r'(\d+)\.(\d+)', torch.__version__).groups())
+    std = '-std=c++20' if major_minor >= (2, 14) else '-std=c++17'  # what the torch headers require
+    compile_lines = [line for line in log.splitlines() if ' -c ' in line and 'ops/csrc' in line]
+    assert compile_lines and all(std in line for line in compile_lines), compile_lines[:1]
+    wheel, = wheels.glob('mmlinattn-*.whl')
+    _run([sys.executable, '-m', 'pip', 'install', '--no-deps', '--target', str(site), str(wheel)],
+         cwd=tmp_path, env=env)
+
+    mim = site / 'mmlinattn' / '.mim'
+    shipped = mim / 'configs' / 'mask_rcnn_laplacian_tiny_1x_coco.py'
+    assert shipped.is_file() and not shipped.is_symlink() and not (mim / 'configs').is_symlink()
+    assert (mim / 'configs' / '_base_' / 'plugin.py').is_file() and (mim / 'tools' / 'train.py').is_file()
+
+    user.mkdir()
+    user_env = dict(env, PYTHONPATH=str(site), MMLINATTN_OPS='compiled')
+    folder = _run([sys.executable, '-m', 'mmlinattn.configs', '--dir'], cwd=user, env=user_env).strip()
+    assert os.path.samefile(folder, mim / 'configs')
+    (user / 'mmlinattn_configs').symlink_to(folder)
+    (user / 'my_mask_rcnn.py').write_text(
+        "_base_ = ['./mmlinattn_configs/mask_rcnn_laplacian_tiny_1x_coco.py']\n"
+        "model = dict(backbone=dict(drop_path_rate=0.2))\n")
+    shipped_path = _run([sys.executable, '-m', 'mmlinattn.configs', shipped.name], cwd=user, env=user_env)
+    (user / 'my_mask_rcnn_abs.py').write_text(
+        f"_base_ = [{shipped_path.strip()!r}]\nmodel = dict(backbone=dict(drop_path_rate=0.2))\n")
+    (user / 'check.py').write_text(USER_SCRIPT)
+    out = _run([sys.executable, 'check.py', str(os.path.realpath(site))], cwd=user, env=user_env)
+    assert 'extension: compiled (CPU' in out, out[-2000:]
