@@ -24,6 +24,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from .torch_compat import missing_library_api
 from .validation import compute_dtype
 
 MODES = ('auto', 'reference', 'compiled')
@@ -49,11 +50,15 @@ class FallbackWarning(UserWarning):
 
 
 def _load_extension() -> Optional[str]:
-    """Load ``mmlinattn._ext`` and register the fake kernels and autograd; the error if it fails."""
+    """Load ``mmlinattn._ext`` and register the fake kernels and autograd; why not, if it fails."""
+    missing_api = missing_library_api()
+    if missing_api:
+        return f'the extension mmlinattn._ext is not used: {missing_api}'
     try:
         importlib.import_module('mmlinattn._ext')
     except ImportError as err:  # not built, or built against another torch
-        return str(err)
+        return (f'the extension mmlinattn._ext is not built ({err}); build it with '
+                '`pip install -e . --no-build-isolation`')
     from . import library
     library.register()
     return None
@@ -85,7 +90,7 @@ def has_kernel(op: str, device_type: str) -> bool:
 def extension_status() -> str:
     """One line for logs: which compiled backends are present, or why none is."""
     if not extension_loaded():
-        return f'not built ({_EXTENSION_ERROR}); the pure-PyTorch reference ops run'
+        return f'not loaded: {_EXTENSION_ERROR}; the pure-PyTorch reference ops run'
     backends = ['CPU'] + (['CUDA'] if has_kernel('laplacian_kernel', 'cuda') else [])
     return 'compiled (' + ', '.join(backends) + ')'
 
@@ -105,8 +110,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def _fallback_reason(op: str, device_type: str, dtype: torch.dtype) -> Optional[str]:
     if not extension_loaded():
-        return (f'the extension mmlinattn._ext is not built ({_EXTENSION_ERROR}); build it with '
-                '`pip install -e . --no-build-isolation`')
+        return _EXTENSION_ERROR
     if device_type not in KERNEL_DTYPES[op]:
         return f'{op} has no compiled kernel for device {device_type!r}'
     if not has_kernel(op, device_type):

@@ -15,6 +15,7 @@ import torch
 
 from .dispatch import choose, kernel_dtype
 from .reference import polarity_linear_attention_reference
+from .torch_compat import autocast_enabled
 from .validation import (check_dims_match, check_non_negative_finite, check_same_device,
                          check_tensor, promote, shape_str)
 
@@ -67,7 +68,7 @@ def polarity_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     _check_args(q, k, v, power, eps)
     device_type = q.device.type
-    if torch.is_autocast_enabled(device_type):
+    if autocast_enabled(device_type):
         with torch.autocast(device_type, enabled=False):
             return _dispatch(q.float(), k.float(), v.float(), power.float(), eps)
     dtype = promote(q, k, v)

@@ -7,6 +7,7 @@ do. Non-finite inputs are not checked and propagate.
 """
 import torch
 
+from .torch_compat import is_exporting
 from .validation import compute_dtype
 
 
@@ -20,7 +21,7 @@ def laplacian_kernel_reference(q: torch.Tensor, k: torch.Tensor, lam: float) -> 
     """
     out_dtype, dtype = q.dtype, compute_dtype(q.dtype)
     q, k = q.to(dtype), k.to(dtype)
-    exporting = torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting()
+    exporting = torch.onnx.is_in_onnx_export() or is_exporting()
     dist = l1_distance_exportable(q, k) if exporting else torch.cdist(q, k, p=1)
     return torch.exp(dist * (-1.0 / lam)).to(out_dtype)
 

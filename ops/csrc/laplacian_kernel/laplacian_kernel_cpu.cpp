@@ -11,10 +11,10 @@
 // compiled for AVX2 and baseline x86-64 (picked at load time) or the build target.
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
+#include <c10/util/bit_cast.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <tuple>
@@ -143,8 +143,8 @@ template <typename T>
 MMLINATTN_INLINE T sign_times(T diff, T g) {
   using Bits = typename ExpTraits<T>::Bits;
   constexpr Bits kSignBit = Bits{1} << (sizeof(T) * 8 - 1);
-  const Bits sign = std::bit_cast<Bits>(diff) & kSignBit;
-  const T flipped = std::bit_cast<T>(std::bit_cast<Bits>(g) ^ sign);
+  const Bits sign = c10::bit_cast<Bits>(diff) & kSignBit;
+  const T flipped = c10::bit_cast<T>(c10::bit_cast<Bits>(g) ^ sign);
   return diff != T(0) ? flipped : T(0);
 }
 
