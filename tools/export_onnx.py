@@ -17,12 +17,14 @@
   :func:`mmlinattn.ops.reference.l1_distance_exportable` (one subtraction per channel), the
   Newton–Schulz iteration unrolled, LaplacianFormer's ``max_landmark_grid`` pooling as
   size-following matrix products (``capped_avg_pool2d_exportable``).
-- Exporter (``--exporter``): ``dynamo`` (the default: ``torch.onnx.export(..., dynamo=True)``,
-  which captures the model with torch.export, opset 18 unless ``--opset``) or ``torchscript``
-  (the legacy tracer, opset 17), both with dynamic batch, height and width. The dynamo exporter
-  records the size-dependent branches as guards: an export whose traced size lies on a boundary
-  of one fails with the guard's message instead of writing a wrong graph. The TorchScript path
-  is kept for torch versions whose dynamo exporter (or onnxscript) is missing or too old.
+- Exporter (``--exporter``): ``torchscript`` (the default: the legacy tracer,
+  ``torch.onnx.export(..., dynamo=False)``, opset 17) or ``dynamo`` (``dynamo=True``: the model
+  is captured with torch.export, opset 18 unless ``--opset``), both with dynamic batch, height and
+  width. The TorchScript path stays the default because it is the one whose graphs the README's
+  ONNX table checks, and the one torch versions without a usable dynamo exporter (or without
+  onnxscript) have. The dynamo exporter records the size-dependent branches as guards: an export
+  whose traced size lies on a boundary of one fails with the guard's message instead of writing
+  a graph that is wrong elsewhere.
 - The graph is traced at ``--shape`` (default 256x320). Python branches on sizes are fixed at that
   shape, so trace at a size where every stage takes its general path: not the pretraining size
   (the position embeddings are resized only when the sizes differ). Pola-Swin switches the shift
@@ -107,8 +109,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         type=float,
                         default=1e-4,
                         help='largest accepted max abs difference (default: 1e-4)')
-    parser.add_argument('--exporter', choices=sorted(OPSET), default='dynamo',
-                        help='dynamo (torch.export based, the default) or torchscript (legacy)')
+    parser.add_argument('--exporter', choices=sorted(OPSET), default='torchscript',
+                        help='torchscript (the default) or dynamo (torch.export based)')
     parser.add_argument('--opset', type=int, help=f'(default: {OPSET})')
     parser.add_argument(
         '--seed',
@@ -139,7 +141,7 @@ def export(model: nn.Module,
            output_names: Sequence[str],
            path: str,
            shape: Tuple[int, int],
-           exporter: str = 'dynamo',
+           exporter: str = 'torchscript',
            opset: int = None) -> None:
     """Export ``model`` traced at ``[1, 3, *shape]`` with the reference ops; batch, H and W
     dynamic."""
