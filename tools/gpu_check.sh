@@ -63,7 +63,7 @@ run_tests() {  # $1: timeout s, $2: log name, then pytest arguments; prints pyte
   shift 2
   timeout "$limit" "$PY" -m pytest "$@" -q -rfEs -p no:cacheprovider > "$OUT_DIR/$log" 2>&1
   local rc=$?
-  tail -1 "$OUT_DIR/$log"
+  if [ $rc -eq 124 ]; then echo "timed out after $limit s (log: $OUT_DIR/$log)"; else tail -1 "$OUT_DIR/$log"; fi
   return $rc
 }
 echo "== op tests (CPU, and CUDA when present) =="
