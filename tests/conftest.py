@@ -22,6 +22,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_cuda)
 
 
+@pytest.fixture
+def compiled_ops(monkeypatch):
+    """``torch.ops.mmlinattn`` with the extension loaded (fails if it is not built), under
+    ``MMLINATTN_OPS=compiled`` so that no test of a compiled kernel silently runs the reference."""
+    import torch
+    from mmlinattn.ops import dispatch
+    assert dispatch.extension_loaded(), dispatch.extension_status()
+    monkeypatch.setenv('MMLINATTN_OPS', 'compiled')
+    return torch.ops.mmlinattn
+
+
 @pytest.fixture(autouse=True)
 def isolated_default_scope():
     """Undo the mmengine default scope a test sets (``init_default_scope``, a Runner): registries

@@ -138,7 +138,7 @@ def test_newton_schulz_runs_in_fp32_under_bf16_autocast(monkeypatch):
     assert relative_error(out.float(), expected) < 2e-2
 
 
-@pytest.mark.skipif(not has_kernel('laplacian_kernel_forward', 'cpu'),
+@pytest.mark.skipif(not has_kernel('laplacian_kernel', 'cpu'),
                     reason='mmlinattn._ext is not built with the CPU Laplacian kernel')
 @pytest.mark.parametrize('ratio', [4, 1])
 def test_compiled_ops_match_reference(monkeypatch, ratio):

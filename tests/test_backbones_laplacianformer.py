@@ -130,7 +130,7 @@ def test_bf16_autocast_is_finite_and_close_to_fp32(tiny_eval):
         assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2
 
 
-@pytest.mark.skipif(not has_kernel('laplacian_kernel_forward', 'cpu'),
+@pytest.mark.skipif(not has_kernel('laplacian_kernel', 'cpu'),
                     reason='mmlinattn._ext is not built with the CPU Laplacian kernel')
 def test_compiled_ops_match_reference(tiny_eval, monkeypatch):
     x = torch.randn(1, 3, 96, 128)

@@ -1,9 +1,10 @@
 """laplacian_kernel: compiled CPU/CUDA kernels against the pure-PyTorch reference, forward and
-backward.
+backward, the registered operators (opcheck), and the portable CPU kernels.
 
-Inputs follow the model (DESIGN §5): q and k ~ N(0, 1/D), i.e. queries scaled by D^-1/2. Tests of
-the compiled path set MMLINATTN_OPS=compiled, so a missing extension fails them instead of
-silently testing the reference against itself.
+Inputs follow the model: q and k ~ N(0, 1/D), i.e. queries scaled by D^-1/2. Tests of the compiled
+path use the ``compiled_ops`` fixture (conftest.py): it loads the extension and sets
+MMLINATTN_OPS=compiled, so a missing extension fails them instead of silently testing the
+reference against itself.
 """
 import os
 import subprocess
@@ -15,16 +16,16 @@ import torch
 from mmlinattn.ops import laplacian_kernel
 from mmlinattn.ops.reference import laplacian_kernel_reference
 
-SIZES = (1, 7, 49, 50, 333)
-HEAD_DIMS = (1, 16, 32, 33, 64)
+SIZES = (1, 7, 49, 50, 333)  # 49, 50, 333: key counts that are not multiples of the vector width
+HEAD_DIMS = (1, 16, 17, 32, 33, 64, 65)
 LAM = 4.0
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(TESTS_DIR)
 
 
 @pytest.fixture
-def compiled(monkeypatch):
-    monkeypatch.setenv('MMLINATTN_OPS', 'compiled')
+def compiled(compiled_ops):
+    return compiled_ops
 
 
 def make_inputs(b, h, n, m, d, dtype=torch.float64, device='cpu', seed=0):
@@ -177,32 +178,56 @@ def test_empty_inputs(monkeypatch, mode, shape_q, shape_k):
     assert k.grad.shape == k.shape and not k.grad.any()
 
 
-def test_reference_is_used_when_forced(monkeypatch):
+def test_reference_is_used_when_forced(compiled, monkeypatch):
     q, k = make_inputs(1, 1, 4, 3, 2)
+    compiled_out = laplacian_kernel(q, k, LAM)
+    assert 'mmlinattn_laplacian_kernel_forward' in compiled_out.grad_fn.name()
     monkeypatch.setenv('MMLINATTN_OPS', 'reference')
     forced = laplacian_kernel(q, k, LAM)
-    assert 'LaplacianKernelFunction' not in type(forced.grad_fn).__name__
-    monkeypatch.setenv('MMLINATTN_OPS', 'compiled')
-    compiled_out = laplacian_kernel(q, k, LAM)
-    assert 'LaplacianKernelFunction' in type(compiled_out.grad_fn).__name__
+    assert 'mmlinattn' not in forced.grad_fn.name()
     torch.testing.assert_close(forced, compiled_out, rtol=1e-12, atol=0)
 
 
-def test_unsupported_dtype_falls_back_to_reference(monkeypatch):
-    """bf16 on CPU has no compiled kernel: auto mode runs the reference (fp32 accumulation)."""
-    monkeypatch.setenv('MMLINATTN_OPS', 'auto')
-    q, k = make_inputs(1, 1, 4, 3, 8, torch.bfloat16)
-    out = laplacian_kernel(q, k, LAM)
-    assert out.dtype == torch.bfloat16
-    expected = laplacian_kernel_reference(q.float(), k.float(), LAM).to(torch.bfloat16)
-    assert torch.equal(out, expected)
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_half_inputs_run_the_fp32_kernel(compiled, dtype):
+    """The CPU kernels have fp32 and fp64 variants: half inputs run in fp32 (the ops' compute
+    dtype, as in the reference) and the result comes back in the input dtype."""
+    q, k = make_inputs(1, 2, 9, 5, 8, dtype)
+    grad = torch.randn(1, 2, 9, 5).to(dtype)
+    out, dq, dk = run_op(q, k, grad)
+    assert out.dtype == dq.dtype == dk.dtype == dtype
+    out_ref, dq_ref, dk_ref = reference_and_grads(q, k, grad.float(), torch.float32)
+    torch.testing.assert_close(out, out_ref.to(dtype))
+    torch.testing.assert_close(dq, dq_ref.to(dtype))
+    torch.testing.assert_close(dk, dk_ref.to(dtype))
 
 
-def test_mixed_dtypes_are_promoted(compiled):
+@pytest.mark.parametrize('mode', ['compiled', 'reference'])
+def test_mixed_dtypes_are_promoted(monkeypatch, mode):
+    monkeypatch.setenv('MMLINATTN_OPS', mode)
     q, k = make_inputs(1, 2, 4, 3, 5, torch.float32)
     out = laplacian_kernel(q, k.double(), LAM)
     assert out.dtype == torch.float64
     torch.testing.assert_close(out, laplacian_kernel_reference(q.double(), k.double(), LAM))
+
+
+@pytest.mark.parametrize('mode', ['compiled', 'reference'])
+def test_non_finite_inputs_propagate(monkeypatch, mode):
+    """No value checks: a NaN in q_i gives NaN in row i (and its gradients), a NaN in k_j NaN in
+    column j; an infinite coordinate gives exp(-inf) = 0. Same in every implementation."""
+    monkeypatch.setenv('MMLINATTN_OPS', mode)
+    q, k = make_inputs(1, 1, 6, 5, 4, seed=6)
+    with torch.no_grad():
+        q[0, 0, 1, 2] = float('nan')
+        k[0, 0, 3, 0] = float('nan')
+        q[0, 0, 4, 1] = float('inf')
+    out = laplacian_kernel(q, k, LAM)
+    expected_nan = torch.zeros(6, 5, dtype=torch.bool)
+    expected_nan[1, :] = expected_nan[:, 3] = True
+    assert torch.equal(out[0, 0].isnan(), expected_nan)
+    assert (out[0, 0, 4][~expected_nan[4]] == 0).all()
+    dq, dk = torch.autograd.grad(out.sum(), (q, k))
+    assert dq[0, 0, 1].isnan().all() and dk.isnan().any()
 
 
 def _t(*shape, dtype=torch.float32, device='cpu'):
@@ -238,17 +263,49 @@ def test_bad_calls_raise_value_error(q, k, lam, match):
     (_t(2, 2, 5, 4), _t(2, 2, 3, 4, dtype=torch.float64), LAM),
     (_t(2, 2, 5, 4), _t(2, 2, 3, 4), -2.0),
 ])
-def test_compiled_op_checks_its_own_arguments(q, k, lam):
+def test_compiled_op_checks_its_own_arguments(compiled, q, k, lam):
     """The registered op refuses bad shapes itself (never reads out of bounds) with ValueError."""
     with pytest.raises(ValueError):
-        torch.ops.mmlinattn.laplacian_kernel_forward(q, k, lam)
+        compiled.laplacian_kernel_forward(q, k, lam)
 
 
-def test_compiled_backward_checks_shapes():
+def test_compiled_backward_checks_shapes(compiled):
     q, k = _t(2, 2, 5, 4), _t(2, 2, 3, 4)
     with pytest.raises(ValueError, match='grad_out and out must have shape'):
-        torch.ops.mmlinattn.laplacian_kernel_backward(_t(2, 2, 5, 4), q, k, _t(2, 2, 5, 3), LAM,
-                                                      True, True)
+        compiled.laplacian_kernel_backward(_t(2, 2, 5, 4), q, k, _t(2, 2, 5, 3), LAM, True, True)
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+def test_opcheck(compiled, dtype):
+    """Schema, fake (meta) kernel, autograd registration and AOT dispatch of both operators."""
+    q, k = make_inputs(2, 2, 37, 19, 33, dtype)
+    torch.library.opcheck(compiled.laplacian_kernel_forward, (q, k, LAM))
+    out = compiled.laplacian_kernel_forward(q.detach(), k.detach(), LAM)
+    for need_dq, need_dk in ((True, True), (True, False), (False, True)):
+        torch.library.opcheck(compiled.laplacian_kernel_backward,
+                              (torch.randn_like(out), q.detach(), k.detach(), out, LAM, need_dq,
+                               need_dk))
+
+
+def test_portable_kernels_match_reference(tmp_path):
+    """The portable kernels (CPUs without AVX-512) on the odd shapes, in a child process with
+    ATEN_CPU_CAPABILITY=default, the switch that also selects torch's own baseline kernels."""
+    script = (f'import sys, torch; sys.path.insert(0, {TESTS_DIR!r}); '
+              'import test_ops_laplacian_kernel as t; t.check_odd_shapes()')
+    env = dict(os.environ, MMLINATTN_OPS='compiled', ATEN_CPU_CAPABILITY='default')
+    subprocess.run([sys.executable, '-c', script], check=True, env=env, cwd=REPO_ROOT)
+
+
+def check_odd_shapes():
+    for dtype, rtol in ((torch.float64, 1e-10), (torch.float32, 1e-5)):
+        for n, m, d in ((1, 1, 1), (7, 49, 17), (333, 50, 33), (300, 17, 65)):
+            q, k = make_inputs(2, 1, n, m, d, dtype, seed=n + m)
+            grad = torch.randn(2, 1, n, m, dtype=dtype)
+            out, dq, dk = run_op(q, k, grad)
+            out_ref, dq_ref, dk_ref = reference_and_grads(q, k, grad)
+            assert_close_scaled(out, out_ref, rtol, 'out')
+            assert_close_scaled(dq, dq_ref, rtol, 'dq')
+            assert_close_scaled(dk, dk_ref, rtol, 'dk')
 
 
 # ---- CUDA (run by tools/gpu_check.sh; skipped without a GPU) ----
@@ -271,6 +328,16 @@ def test_cuda_matches_reference(compiled, dtype, out_tol, grad_tol, n, m, d):
     torch.testing.assert_close(out.double(), out_ref, rtol=out_tol, atol=out_tol * 1e-2)
     assert_close_scaled(dq, dq_ref, grad_tol, 'dq')
     assert_close_scaled(dk, dk_ref, grad_tol, 'dk')
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float16])
+def test_cuda_opcheck(compiled, dtype):
+    q, k = make_inputs(2, 2, 37, 19, 33, dtype, device='cuda')
+    torch.library.opcheck(compiled.laplacian_kernel_forward, (q, k, LAM))
+    out = compiled.laplacian_kernel_forward(q.detach(), k.detach(), LAM)
+    torch.library.opcheck(compiled.laplacian_kernel_backward,
+                          (torch.randn_like(out), q.detach(), k.detach(), out, LAM, True, True))
 
 
 @pytest.mark.cuda

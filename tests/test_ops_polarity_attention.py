@@ -1,7 +1,9 @@
-"""polarity_linear_attention: compiled CPU/CUDA kernels against the pure-PyTorch reference.
+"""polarity_linear_attention: compiled CPU/CUDA kernels against the pure-PyTorch reference, and
+the registered operators (opcheck).
 
-The compiled tests run with MMLINATTN_OPS=compiled, so a missing extension fails them instead of
-silently testing the reference against itself.
+The compiled tests use the ``compiled_ops`` fixture (conftest.py: loads the extension,
+MMLINATTN_OPS=compiled), so a missing extension fails them instead of silently testing the
+reference against itself.
 """
 import os
 import subprocess
@@ -11,7 +13,6 @@ import pytest
 import torch
 
 from mmlinattn.ops import polarity_linear_attention
-from mmlinattn.ops import polarity_attention as polarity_module
 from mmlinattn.ops.reference import polarity_linear_attention_reference
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -22,8 +23,8 @@ BATCH_HEADS = [(1, 1), (2, 3), (3, 2)]
 
 
 @pytest.fixture
-def compiled(monkeypatch):
-    monkeypatch.setenv('MMLINATTN_OPS', 'compiled')
+def compiled(compiled_ops):
+    return compiled_ops
 
 
 def make_inputs(batch, heads, num_queries, num_keys, head_dim, value_dim, dtype, device='cpu',
@@ -187,13 +188,13 @@ def test_cpu_deterministic_across_thread_counts(compiled, tmp_path):
 
 
 def test_reference_path(monkeypatch):
-    """MMLINATTN_OPS=reference runs the composition, never the compiled Function."""
+    """MMLINATTN_OPS=reference runs the composition, never the compiled operator."""
     monkeypatch.setenv('MMLINATTN_OPS', 'reference')
 
     def fail(*args):
         raise AssertionError('the compiled op ran under MMLINATTN_OPS=reference')
 
-    monkeypatch.setattr(polarity_module._PolarityLinearAttention, 'apply', fail)
+    monkeypatch.setattr(torch.ops.mmlinattn, 'polarity_linear_attention_forward', fail)
     inputs = make_inputs(2, 2, 7, 5, 4, 6, torch.float64)
     out, grads, grad_out = forward_backward(polarity_linear_attention, inputs)
     ref_out, ref_grads = reference_fp64(inputs, grad_out)
@@ -203,7 +204,8 @@ def test_reference_path(monkeypatch):
 
 
 def test_reference_matches_formulas_written_out():
-    """The reference against DESIGN.md §6 with explicit loops over channels (fp64)."""
+    """The reference against the formulas (docs/ops/polarity_linear_attention.md) with explicit
+    loops over channels (fp64)."""
     q, k, v, power = make_inputs(1, 2, 3, 4, 2, 4, torch.float64)
     out = polarity_linear_attention_reference(q, k, v, power)
     for h in range(2):
@@ -234,20 +236,59 @@ def test_cpu_autocast_bf16_runs_in_fp32(compiled):
     assert_close_scaled('out from bf16', out_from_bf16, expected, 0.1)
 
 
-def test_raw_op_checks_shapes():
+def test_raw_op_checks_shapes(compiled):
     """The registered op itself refuses inconsistent shapes (no out-of-bounds reads)."""
-    if not hasattr(torch.ops.mmlinattn, 'polarity_linear_attention_forward'):
-        import mmlinattn._ext  # noqa: F401  (fails the test when the extension is not built)
     q, k, v, power = make_inputs(1, 2, 3, 4, 5, 6, torch.float32)
-    op = torch.ops.mmlinattn.polarity_linear_attention_forward
+    op = compiled.polarity_linear_attention_forward
     with pytest.raises(RuntimeError, match='head dim'):
         op(q, k[..., :4], v, power, 1e-6)
     with pytest.raises(RuntimeError, match='power must have shape'):
         op(q, k, v, power[:, :4], 1e-6)
     out, state, den = op(q, k, v, power, 1e-6)
     with pytest.raises(RuntimeError, match='state must have shape'):
-        torch.ops.mmlinattn.polarity_linear_attention_backward(out, q, k, v, power, out,
-                                                               state[..., :3], den)
+        compiled.polarity_linear_attention_backward(out, q, k, v, power, out, state[..., :3], den)
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+def test_opcheck(compiled, dtype):
+    """Schema, fake (meta) kernel, autograd registration and AOT dispatch of both operators."""
+    q, k, v, power = make_inputs(2, 3, 37, 300, 5, 6, dtype, away_from_zero=True)
+    inputs = [t.requires_grad_() for t in (q, k, v, power)]
+    torch.library.opcheck(compiled.polarity_linear_attention_forward, (*inputs, 1e-6))
+    detached = [t.detach() for t in inputs]
+    out, state, den = compiled.polarity_linear_attention_forward(*detached, 1e-6)
+    torch.library.opcheck(compiled.polarity_linear_attention_backward,
+                          (torch.randn_like(out), *detached, out, state, den))
+
+
+@pytest.mark.parametrize('mode', ['compiled', 'reference'])
+def test_mixed_dtypes_are_promoted(monkeypatch, mode):
+    """The rule of every op: mixed inputs are promoted as in ``q + k``, power takes that dtype."""
+    monkeypatch.setenv('MMLINATTN_OPS', mode)
+    q, k, v, power = make_inputs(2, 3, 5, 6, 4, 6, torch.float32)
+    out = polarity_linear_attention(q, k.double(), v, power)
+    assert out.dtype == torch.float64
+    expected = polarity_linear_attention_reference(q.double(), k.double(), v.double(),
+                                                   power.double())
+    torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize('mode', ['compiled', 'reference'])
+def test_non_finite_inputs_propagate(monkeypatch, mode):
+    """No value checks: a NaN in query i gives NaN in row i only; a NaN in a key reaches the
+    state and so every row of that (batch, head); other heads stay finite. Every implementation
+    gives the same NaN pattern."""
+    monkeypatch.setenv('MMLINATTN_OPS', mode)
+    q, k, v, power = make_inputs(2, 2, 7, 5, 4, 6, torch.float64)
+    q[0, 0, 3, 1] = float('nan')
+    k[1, 1, 2, 0] = float('nan')
+    out = polarity_linear_attention(q, k, v, power)
+    nan_rows = out.isnan().all(-1)
+    assert torch.equal(out.isnan().any(-1), nan_rows)
+    expected = torch.zeros(2, 2, 7, dtype=torch.bool)
+    expected[0, 0, 3] = True
+    expected[1, 1] = True
+    assert torch.equal(nan_rows, expected)
 
 
 BAD_CALLS = [
@@ -267,7 +308,6 @@ BAD_CALLS = [
     ('power 4d', lambda q, k, v, p: (q, k, v, p[None]), r'power must have shape'),
     ('int q', lambda q, k, v, p: (q.long(), k, v, p), 'q must be a floating-point tensor'),
     ('int power', lambda q, k, v, p: (q, k, v, p.long()), 'power must be a floating-point tensor'),
-    ('dtype', lambda q, k, v, p: (q, k.double(), v, p), 'k has dtype torch.float64 but q has'),
     ('device', lambda q, k, v, p: (q, k.to('meta'), v, p), 'k is on meta but q is on cpu'),
     ('power device', lambda q, k, v, p: (q, k, v, p.to('meta')), 'power is on meta'),
 ]
@@ -281,10 +321,11 @@ def test_bad_calls_raise_value_error(mutate, message):
         polarity_linear_attention(*mutate(*inputs))
 
 
-def test_bad_eps_raises_value_error():
+@pytest.mark.parametrize('eps', [-1.0, float('inf'), float('nan'), True])
+def test_bad_eps_raises_value_error(eps):
     inputs = make_inputs(1, 1, 2, 2, 2, 2, torch.float32)
-    with pytest.raises(ValueError, match='eps must be a non-negative number'):
-        polarity_linear_attention(*inputs, eps=-1.0)
+    with pytest.raises(ValueError, match='eps must be a non-negative finite number'):
+        polarity_linear_attention(*inputs, eps=eps)
 
 
 def test_value_error_names_shapes():
@@ -302,6 +343,14 @@ def test_value_error_names_shapes():
 def test_cuda_matches_reference(compiled, shape, dtype, tol):
     inputs = make_inputs(*shape, dtype, device='cuda')
     check_against_reference(inputs, tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float16])
+def test_cuda_opcheck(compiled, dtype):
+    q, k, v, power = make_inputs(2, 3, 37, 300, 8, 6, dtype, device='cuda', away_from_zero=True)
+    inputs = [t.requires_grad_() for t in (q, k, v, power)]
+    torch.library.opcheck(compiled.polarity_linear_attention_forward, (*inputs, 1e-6))
 
 
 @pytest.mark.cuda

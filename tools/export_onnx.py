@@ -1,7 +1,8 @@
 """Export a backbone (or a whole mmpretrain classifier) to ONNX and check it against PyTorch.
 
     python tools/export_onnx.py CONFIG [CHECKPOINT] --out FILE.onnx [--classifier]
-        [--shape H W] [--check-shape H W ...] [--atol 1e-4] [--opset 17]
+        [--exporter dynamo|torchscript] [--shape H W] [--check-shape H W ...] [--atol 1e-4]
+        [--opset N]
 
 - The model is the config's backbone (outputs ``out{i}``, one per ``out_indices`` entry,
   ``[B, C_i, H_i, W_i]``) or, with ``--classifier``, the mmpretrain classifier from the normalised
@@ -16,15 +17,21 @@
   :func:`mmlinattn.ops.reference.l1_distance_exportable` (one subtraction per channel), the
   Newton–Schulz iteration unrolled, LaplacianFormer's ``max_landmark_grid`` pooling as
   size-following matrix products (``capped_avg_pool2d_exportable``).
-- Exporter: the TorchScript exporter (``torch.onnx.export(..., dynamo=False)``), opset 17, with
-  dynamic batch, height and width. The dynamo exporter (torch.export) stops at the ops'
-  data-dependent argument checks (e.g. ``torch.isfinite(a).all()`` in ``newton_schulz_inverse``).
+- Exporter (``--exporter``): ``torchscript`` (the default: the legacy tracer,
+  ``torch.onnx.export(..., dynamo=False)``, opset 17) or ``dynamo`` (``dynamo=True``: the model
+  is captured with torch.export, opset 18 unless ``--opset``), both with dynamic batch, height and
+  width. The TorchScript path stays the default because it is the one whose graphs the README's
+  ONNX table checks, and the one torch versions without a usable dynamo exporter (or without
+  onnxscript) have. The dynamo exporter records the size-dependent branches as guards: an export
+  whose traced size lies on a boundary of one fails with the guard's message instead of writing
+  a graph that is wrong elsewhere.
 - The graph is traced at ``--shape`` (default 256x320). Python branches on sizes are fixed at that
   shape, so trace at a size where every stage takes its general path: not the pretraining size
   (the position embeddings are resized only when the sizes differ). Pola-Swin switches the shift
   off in a stage whose padded map is a single 7x7 window (stage 4 up to 224 pixels per side,
-  stage 3 up to 112), so its graph is right for inputs in the traced size's regime only: traced at
-  256x320 it is 0.43 off at 224x224; traced at 192x192 it matches at 160x200 and 224x224.
+  stage 3 up to 112), so its graph is right for inputs in the traced size's regime only (the
+  TorchScript graph traced at 256x320 is 0.43 off at 224x224; traced at 192x192 it matches at
+  160x200 and 224x224).
 - Check: onnxruntime (CPU) against PyTorch (reference ops) on the same seeded random input, batch
   2, at the trace shape and each ``--check-shape`` (default 224x224 and 320x256); prints the max
   abs difference per output and exits with 1 if any exceeds ``--atol`` or a shape differs.
@@ -49,7 +56,7 @@ for path in (REPO_ROOT, TOOLS_DIR):  # the repository, if mmlinattn is not insta
 
 from analysis.model_loading import build_backbone, build_classifier, load_config  # noqa: E402
 
-OPSET = 17
+OPSET = {'dynamo': 18, 'torchscript': 17}
 
 
 @contextlib.contextmanager
@@ -102,7 +109,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         type=float,
                         default=1e-4,
                         help='largest accepted max abs difference (default: 1e-4)')
-    parser.add_argument('--opset', type=int, default=OPSET, help=f'(default: {OPSET})')
+    parser.add_argument('--exporter', choices=sorted(OPSET), default='torchscript',
+                        help='torchscript (the default) or dynamo (torch.export based)')
+    parser.add_argument('--opset', type=int, help=f'(default: {OPSET})')
     parser.add_argument(
         '--seed',
         type=int,
@@ -132,22 +141,27 @@ def export(model: nn.Module,
            output_names: Sequence[str],
            path: str,
            shape: Tuple[int, int],
-           opset: int = OPSET) -> None:
-    """Trace ``model`` at ``[1, 3, *shape]`` with the reference ops; batch, H and W dynamic."""
+           exporter: str = 'torchscript',
+           opset: int = None) -> None:
+    """Export ``model`` traced at ``[1, 3, *shape]`` with the reference ops; batch, H and W
+    dynamic."""
     example = torch.zeros(1, 3, *shape)
-    dynamic_axes = {'image': {0: 'batch', 2: 'height', 3: 'width'}}
-    dynamic_axes.update({name: {0: 'batch'} for name in output_names})
+    opset = opset or OPSET[exporter]
     os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
     with reference_ops(), torch.no_grad(), warnings.catch_warnings():
-        warnings.filterwarnings('ignore', category=torch.jit.TracerWarning)
-        warnings.filterwarnings('ignore', message='You are using the legacy TorchScript-based')
-        torch.onnx.export(model, (example, ),
-                          path,
-                          dynamo=False,
-                          opset_version=opset,
-                          input_names=['image'],
-                          output_names=list(output_names),
-                          dynamic_axes=dynamic_axes)
+        if exporter == 'dynamo':
+            torch.onnx.export(model, (example, ), path, dynamo=True, opset_version=opset,
+                              input_names=['image'], output_names=list(output_names),
+                              dynamic_shapes=({0: 'batch', 2: 'height', 3: 'width'}, ),
+                              verbose=False)
+        else:
+            warnings.filterwarnings('ignore', category=torch.jit.TracerWarning)
+            warnings.filterwarnings('ignore', message='You are using the legacy TorchScript-based')
+            dynamic_axes = {'image': {0: 'batch', 2: 'height', 3: 'width'}}
+            dynamic_axes.update({name: {0: 'batch'} for name in output_names})
+            torch.onnx.export(model, (example, ), path, dynamo=False, opset_version=opset,
+                              input_names=['image'], output_names=list(output_names),
+                              dynamic_axes=dynamic_axes)
     import onnx
     onnx.checker.check_model(path)
 
@@ -203,12 +217,10 @@ def report(results: Sequence[Dict], atol: float) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     model, output_names = build_model(args.config, args.checkpoint, args.classifier, args.seed)
-    export(model, output_names, args.out, tuple(args.shape), args.opset)
-    print(
-        f'wrote {args.out} ({osp.getsize(args.out) / 2**20:.1f} MiB; TorchScript exporter, '
-        f'opset {args.opset}, dynamic batch/height/width, traced at '
-        f'{args.shape[0]}x{args.shape[1]})'
-    )
+    export(model, output_names, args.out, tuple(args.shape), args.exporter, args.opset)
+    print(f'wrote {args.out} ({osp.getsize(args.out) / 2**20:.1f} MiB; {args.exporter} exporter, '
+          f'opset {args.opset or OPSET[args.exporter]}, dynamic batch/height/width, traced at '
+          f'{args.shape[0]}x{args.shape[1]})')
     check_shapes = [tuple(args.shape)
                     ] + [tuple(s) for s in (args.check_shape or [(224, 224), (320, 256)])]
     return report(compare(model, args.out, check_shapes, seed=args.seed), args.atol)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Op check on a CUDA machine, in under 5 minutes: build the extension with its CUDA kernels if it
+# Op check on a CUDA machine, in under 15 minutes: build the extension with its CUDA kernels if it
 # lacks them (FORCE_CUDA=1, TORCH_CUDA_ARCH_LIST = this GPU unless set), run every
-# tests/test_ops_*.py with the CUDA-marked tests included, run the op benchmark on the GPU, and
-# print a summary. On a machine without a GPU it runs the CPU op tests and says which CUDA parts
-# it skipped. Logs and the benchmark JSON go to $GPU_CHECK_OUT (default: $OUT if set, else
+# tests/test_ops_*.py (CUDA-marked tests included), the fast compile/export tests and the CUDA
+# torch.compile tests of the backbones (tests/test_compile_export.py), the op benchmark on the
+# GPU, and print a summary. On a machine without a GPU it runs the CPU parts and says which CUDA
+# parts it skipped. Logs and the benchmark JSON go to $GPU_CHECK_OUT (default: $OUT if set, else
 # benchmark_results/). Exit status: 0 when everything that ran passed.
 #
 #   bash tools/gpu_check.sh
@@ -24,7 +25,7 @@ if torch.cuda.is_available():
 has_cuda_kernels() {
   "$PY" -c 'import sys
 from mmlinattn.ops.dispatch import has_kernel
-sys.exit(0 if has_kernel("laplacian_kernel_forward", "cuda") else 1)' 2>/dev/null
+sys.exit(0 if has_kernel("laplacian_kernel", "cuda") else 1)' 2>/dev/null
 }
 
 # --- build -------------------------------------------------------------------------------------
@@ -57,30 +58,28 @@ fi
 extension_line="$("$PY" -c 'from mmlinattn.ops import extension_status; print(extension_status())' 2>&1 | tail -1)"
 
 # --- tests -------------------------------------------------------------------------------------
-run_tests() {  # $1: marker expression, $2: log name; prints pytest's last line
-  timeout 200 "$PY" -m pytest tests/test_ops_*.py -q -rfEs -m "$1" -p no:cacheprovider \
-    > "$OUT_DIR/$2" 2>&1
+run_tests() {  # $1: timeout s, $2: log name, then pytest arguments; prints pytest's last line
+  local limit=$1 log=$2
+  shift 2
+  timeout "$limit" "$PY" -m pytest "$@" -q -rfEs -p no:cacheprovider > "$OUT_DIR/$log" 2>&1
   local rc=$?
-  tail -1 "$OUT_DIR/$2"
+  if [ $rc -eq 124 ]; then echo "timed out after $limit s (log: $OUT_DIR/$log)"; else tail -1 "$OUT_DIR/$log"; fi
   return $rc
 }
-echo "== op tests (CPU) =="
-cpu_tests="$(run_tests 'not cuda and not slow' gpu_check_tests_cpu.log)" || status=1
-echo "$cpu_tests"
-if [ -n "$gpu" ]; then
-  echo "== op tests (CUDA) =="
-  cuda_tests="$(run_tests 'cuda' gpu_check_tests_cuda.log)" || status=1
-  echo "$cuda_tests"
-else
-  cuda_tests="skipped (no CUDA device)"
-fi
+echo "== op tests (CPU, and CUDA when present) =="
+op_tests="$(run_tests 300 gpu_check_tests_ops.log tests/test_ops_*.py -m 'not slow')" || status=1
+echo "$op_tests"
+echo "== compile / export tests (fast tier, and the CUDA compiles when present) =="
+compile_tests="$(run_tests 360 gpu_check_tests_compile.log tests/test_compile_export.py \
+  -m 'cuda or not slow')" || status=1
+echo "$compile_tests"
 grep -E '^(FAILED|ERROR)' "$OUT_DIR"/gpu_check_tests_*.log 2>/dev/null | head -20
 
 # --- benchmark ---------------------------------------------------------------------------------
 if [ -n "$gpu" ]; then
   echo "== op benchmark (CUDA) =="
   t0=$SECONDS
-  if timeout 150 "$PY" tools/benchmark.py ops --device cuda --repeats 20 \
+  if timeout 120 "$PY" tools/benchmark.py ops --device cuda --repeats 20 \
       --out "$OUT_DIR/ops_cuda.json" 2>&1 | tee "$OUT_DIR/gpu_check_benchmark.log"; then
     bench_line="done in $((SECONDS - t0)) s: $OUT_DIR/ops_cuda.json"
   else
@@ -96,8 +95,8 @@ echo "== gpu_check summary ($((SECONDS - started)) s) =="
 echo "device     : $device_line"
 echo "build      : $build_line"
 echo "extension  : $extension_line"
-echo "CPU tests  : $cpu_tests"
-echo "CUDA tests : $cuda_tests"
+echo "op tests   : $op_tests"
+echo "compile    : $compile_tests"
 echo "benchmark  : $bench_line"
 echo "logs       : $OUT_DIR/gpu_check_*.log"
 if [ $status -eq 0 ]; then echo "result     : OK"; else echo "result     : FAILED"; fi

@@ -1,8 +1,12 @@
-"""Fused ops: each has compiled CUDA / CPU kernels and a pure-PyTorch reference (see dispatch.py)."""
-from .dispatch import extension_status
+"""Fused ops: compiled CUDA / CPU kernels and pure-PyTorch references (see dispatch.py and
+``docs/ops/``)."""
+from .dispatch import FallbackWarning, extension_status
+from .finite_check import check_finite_input, set_finite_checks
 from .laplacian_kernel import laplacian_kernel
 from .newton_schulz import newton_schulz_inverse
 from .polarity_attention import polarity_linear_attention
+from .validation import compute_dtype
 
-__all__ = ['extension_status', 'laplacian_kernel', 'newton_schulz_inverse',
-           'polarity_linear_attention']
+__all__ = ['FallbackWarning', 'check_finite_input', 'compute_dtype', 'extension_status',
+           'laplacian_kernel', 'newton_schulz_inverse', 'polarity_linear_attention',
+           'set_finite_checks']

@@ -1,14 +1,14 @@
 """Pure-PyTorch references of the fused ops: the formulas, differentiable by autograd.
 
-They are the tests' ground truth and the fallback when the compiled extension is absent. Keep this
-file a flat list of functions, one (or a few) per op. Half-precision inputs are computed in fp32 and
-the result is cast back, as the compiled kernels do.
+They are the tests' ground truth, the fallback when the compiled extension is absent, and what
+the ONNX exporter translates. Keep this file a flat list of functions, one (or a few) per op.
+Half-precision inputs are computed in fp32 and the result is cast back, as the compiled kernels
+do. Non-finite inputs are not checked and propagate.
 """
 import torch
 
-
-def _compute_dtype(t: torch.Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
+from .torch_compat import is_exporting
+from .validation import compute_dtype
 
 
 def laplacian_kernel_reference(q: torch.Tensor, k: torch.Tensor, lam: float) -> torch.Tensor:
@@ -19,9 +19,9 @@ def laplacian_kernel_reference(q: torch.Tensor, k: torch.Tensor, lam: float) -> 
     While a model is being exported (ONNX, ``torch.export``), where ``cdist(p=1)`` has no
     translation, :func:`l1_distance_exportable` computes the same distances.
     """
-    out_dtype, dtype = q.dtype, _compute_dtype(q)
+    out_dtype, dtype = q.dtype, compute_dtype(q.dtype)
     q, k = q.to(dtype), k.to(dtype)
-    exporting = torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting()
+    exporting = torch.onnx.is_in_onnx_export() or is_exporting()
     dist = l1_distance_exportable(q, k) if exporting else torch.cdist(q, k, p=1)
     return torch.exp(dist * (-1.0 / lam)).to(out_dtype)
 
@@ -45,9 +45,13 @@ def newton_schulz_inverse_reference(a: torch.Tensor, iters: int, eps: float) -> 
 
     ``P = a + eps*I``; ``V0 = I / ||P||_inf`` (max absolute row sum, per matrix);
     ``V <- 2V - V P V`` for ``iters`` steps, in fp32 (fp64 stays fp64); returns V in a's dtype.
+    Autograd through these steps (and through the start) is the gradient every implementation
+    computes (``docs/ops/newton_schulz.md``).
     """
-    dtype = _compute_dtype(a)
+    dtype = compute_dtype(a.dtype)
     p = newton_schulz_shifted_reference(a.to(dtype), eps)
+    if p.shape[-1] == 0:
+        return a * 0
     eye = torch.eye(a.shape[-1], dtype=dtype, device=a.device)
     v = eye / p.abs().sum(-1).amax(-1)[..., None, None]
     for _ in range(iters):
@@ -62,7 +66,7 @@ def newton_schulz_shifted_reference(a: torch.Tensor, eps: float) -> torch.Tensor
 
 def newton_schulz_residual_reference(a: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
     """``||I - P V||_F / sqrt(M)`` per matrix, P = a + eps*I; a, v: [..., M, M] -> [...]."""
-    dtype = _compute_dtype(a)
+    dtype = compute_dtype(a.dtype)
     p = newton_schulz_shifted_reference(a.to(dtype), eps)
     eye = torch.eye(a.shape[-1], dtype=dtype, device=a.device)
     m = max(a.shape[-1], 1)
@@ -71,7 +75,7 @@ def newton_schulz_residual_reference(a: torch.Tensor, v: torch.Tensor, eps: floa
 
 def polarity_linear_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                         power: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """PolaFormer's polarity-aware linear attention (DESIGN.md §6), as the official code composes it.
+    """PolaFormer's polarity-aware linear attention, composed as the official code does.
 
     q: [B, h, N, d], k: [B, h, n, d], v: [B, h, n, dv] (dv even), power: [h, d] or [1, h, 1, d].
     ``x+ = relu(x)^p``, ``x- = relu(-x)^p``; ``phi_s(q) = [q+, q-]``, ``phi_o(q) = [q-, q+]``,
@@ -79,7 +83,7 @@ def polarity_linear_attention_reference(q: torch.Tensor, k: torch.Tensor, v: tor
     ``kv_a = (phi(k)/sqrt(n))^T (v_a/sqrt(n))``;
     ``out = [phi_s(q) kv_1 / (phi_s(q).z + eps) || phi_o(q) kv_2 / (phi_o(q).z + eps)]`` -> [B, h, N, dv].
     """
-    dtype = _compute_dtype(q)
+    dtype = compute_dtype(q.dtype)
     p = power.to(dtype).reshape(1, q.shape[1], 1, q.shape[-1])
     q, k, v_ = q.to(dtype), k.to(dtype), v.to(dtype)
     q_pos, q_neg = torch.relu(q)**p, torch.relu(-q)**p

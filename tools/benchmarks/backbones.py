@@ -12,6 +12,12 @@ Besides the wall time, the process CPU time of the same calls is reported (all t
 machine shared with other jobs it varies far less than the wall time.
 Peak memory: as for the op benchmarks (``common.py``): CUDA allocator peak, or on the CPU the
 resident-set high-water mark of one call in a fresh process.
+
+``--compile`` also measures each case under ``torch.compile(model, fullgraph=True)`` (inductor,
+static shapes: one compilation per backbone, size and phase, not timed: the first full-size call
+compiles, the median of ``--repeats`` further calls is reported) and adds ``compiled ... ms``
+columns and eager / compiled ratios. Compiled cases report no peak memory (the child process
+would compile again).
 """
 import argparse
 import dataclasses
@@ -76,23 +82,25 @@ class BackboneMeasurement(Measurement):
     cpu_ms: float = float('nan')  # process CPU time of the call, all threads
 
 
-def _callable(model_name: str, size, phase: str, device: str) -> Callable[[], object]:
+def _callable(model_name: str, size, phase: str, device: str,
+              compiled: bool = False) -> Callable[[], object]:
     torch.manual_seed(0)
     model = BACKBONES[model_name]().to(device)
+    run = torch.compile(model, fullgraph=True, dynamic=False) if compiled else model
     images = torch.randn(BATCH, 3, *size, device=device)
     if phase == 'fwd':
         model.eval()
 
         def forward():
             with torch.no_grad():
-                return model(images)
+                return run(images)
 
         return forward
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
 
     def forward_backward():
-        loss = sum(out.float().mean() for out in model(images))
+        loss = sum(out.float().mean() for out in run(images))
         return torch.autograd.grad(loss, params, allow_unused=True)
 
     return forward_backward
@@ -102,11 +110,13 @@ def case_name(model_name: str, size_name: str, phase: str) -> str:
     return f'{model_name} | {size_name} | {phase}'
 
 
-def cases(device: str) -> List[Case]:
-    """Every (backbone, size, phase); the warm-up is the same backbone at 64x64."""
+def cases(device: str, compiled: bool = False) -> List[Case]:
+    """Every (backbone, size, phase); the warm-up is the same backbone at 64x64. ``compiled``:
+    the same under torch.compile, phases named ``compiled fwd`` / ``compiled fwd+bwd``."""
+    prefix = 'compiled ' if compiled else ''
     return [
-        Case(case_name(model, size_name, phase),
-             build=lambda m=model, s=size, p=phase: _callable(m, s, p, device),
+        Case(case_name(model, size_name, prefix + phase),
+             build=lambda m=model, s=size, p=phase: _callable(m, s, p, device, compiled),
              warm_up=lambda m=model, p=phase: _callable(m, (64, 64), p, device))
         for model in BACKBONES for size_name, size in SIZES.items() for phase in PHASES
     ]
@@ -129,11 +139,14 @@ def _timed_ms(fn: Callable[[], object], device: str) -> Tuple[float, float]:
 def measure(case: Case, device: str, repeats: int, long_call_s: float) -> BackboneMeasurement:
     case.warm_up()()
     fn = case.build()
+    compiled = ' | compiled ' in case.name
     times = [_timed_ms(fn, device)]
-    if times[0][0] < long_call_s * 1e3:
+    if compiled or times[0][0] < long_call_s * 1e3:  # a compiled case's first call compiles
         times = [_timed_ms(fn, device) for _ in range(repeats)]
     wall_ms = statistics.median(t[0] for t in times)
     cpu_ms = statistics.median(t[1] for t in times)
+    if compiled:
+        return BackboneMeasurement(wall_ms, None, cpu_ms=cpu_ms)
     if device.startswith('cuda'):
         return BackboneMeasurement(wall_ms, cuda_peak_mb(fn), cpu_ms=cpu_ms)
     del fn  # the child process rebuilds the backbone; free ours first
@@ -160,11 +173,19 @@ def summarise(results: Dict[str, BackboneMeasurement], device: str) -> Section:
                                                  if res and base[phase] else None)
                 row[f'{phase} CPU / {RATIO_BASE}'] = (res.cpu_ms / base[phase].cpu_ms
                                                      if res and base[phase] else None)
+                compiled = results.get(case_name(model, size_name, 'compiled ' + phase))
+                if compiled:
+                    row[f'compiled {phase} ms'] = compiled.time_ms
+                    row[f'{phase} eager / compiled'] = (res.time_ms / compiled.time_ms
+                                                        if res else None)
             rows.append(row)
     columns = ['backbone', 'input']
     for template in ('{} ms', '{} CPU ms', 'peak {} MiB', '{} / ' + RATIO_BASE,
                      '{} CPU / ' + RATIO_BASE):
         columns += [template.format(phase) for phase in PHASES]
+    if any(' | compiled ' in name for name in results):
+        for template in ('compiled {} ms', '{} eager / compiled'):
+            columns += [template.format(phase) for phase in PHASES]
     notes = [f'batch {BATCH}, random weights; time = median of --repeats calls after a full-size '
              'warm-up call, or that first call alone when it took longer than --long-call-s; '
              f'"/ {RATIO_BASE}" = time / the same backbone\'s time at {RATIO_BASE} '
@@ -172,6 +193,9 @@ def summarise(results: Dict[str, BackboneMeasurement], device: str) -> Section:
              'LaplacianFormer-T: the default max_landmark_grid=7 (m <= 49 landmarks per head); '
              'paper-literal m: max_landmark_grid=None, m = H*W/s^2 (grows with the input, '
              'Newton-Schulz costs 2*m^3 per step).']
+    if any(' | compiled ' in name for name in results):
+        notes.append('compiled: torch.compile(model, fullgraph=True, dynamic=False), inductor; '
+                     'the compilation is not timed; eager / compiled > 1: compiled is faster.')
     if not all(r.peak_exact for r in results.values()):
         notes.append('CPU peak memory is a lower bound here: the kernel refused to reset the '
                      'high-water mark (/proc/self/clear_refs).')
@@ -191,6 +215,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--sizes', nargs='+', choices=list(SIZES), help=f'subset of {list(SIZES)}')
     parser.add_argument('--threads', type=int,
                         help='torch CPU threads (default: torch\'s); 1 is steadiest on a shared machine')
+    parser.add_argument('--compile', action='store_true',
+                        help='also measure each case under torch.compile(fullgraph=True)')
     parser.add_argument('--out', help='write the results as JSON to this file')
 
 
@@ -206,13 +232,15 @@ def main(args: argparse.Namespace) -> int:
                 long_call_s=args.long_call_s, batch=BATCH)
     print(f'# backbone benchmark on {args.device}: ' + ', '.join(f'{k}={v}' for k, v in meta.items()))
     results: Dict[str, BackboneMeasurement] = {}
-    for case in cases(args.device):
+    all_cases = cases(args.device) + (cases(args.device, compiled=True) if args.compile else [])
+    for case in all_cases:
         model, size_name, _ = case.name.split(' | ')
         if model in models and size_name in sizes:
             results[case.name] = measure(case, args.device, args.repeats, args.long_call_s)
             res = results[case.name]
+            peak = '-' if res.peak_mb is None else f'{res.peak_mb:.0f}'
             print(f'  {case.name}: {res.time_ms:.1f} ms (CPU {res.cpu_ms:.1f} ms), '
-                  f'peak {res.peak_mb:.0f} MiB', flush=True)
+                  f'peak {peak} MiB', flush=True)
     section = summarise(results, args.device)
     print()
     print(format_table(section))

@@ -3,14 +3,25 @@
 laplacian_kernel at LaplacianFormer-tiny stage-1 shapes (B=2, H=2, D=32): a 224^2 image (N = 56^2
 queries, M = 49 landmarks) and a 512^2 image (N = 128^2, M = 256), forward and forward+backward,
 the compiled op against ``exp(-torch.cdist(q, k, p=1) / lam)`` with autograd (which is also the
-reference implementation). Throughput counts element-ops, one |q_ic - k_jc| accumulation each:
-B*H*N*M*D per forward, 3x that per forward+backward (forward, dq and dk passes), against the
-~55 G element-ops/s arithmetic limit of the 2-core CPU this project was developed on.
+reference implementation). Throughput counts element-ops, one |q_ic - k_jc| term each:
+B*H*N*M*D per forward, 3x that per forward+backward (the forward, dq and dk terms).
 
-newton_schulz_inverse (20 steps) at M = 49 and 256, batch 64, against torch.linalg.inv and
-torch.linalg.pinv of the same P = a + eps*I, and the pure-PyTorch reference iteration.
+The CPU's limit for the kernel is measured, not assumed: ``cpu_limit.cpp`` (built with
+``g++ -O3 -march=native -fopenmp`` and run on all threads) times the inner loops of the AVX-512
+kernels on data that stays in L1, without output, exp or tails. Its forward rate is the limit of
+the forward; the forward+backward limit is ``3 / (1/forward + 2/backward)`` element-ops per second.
+Without g++ or AVX-512 the limit columns stay empty.
+
+newton_schulz_inverse (20 steps) at M = 49 and 256, batch 64: forward against torch.linalg.inv
+and torch.linalg.pinv of the same P = a + eps*I, and forward+backward against the pure-PyTorch
+reference iteration (autograd through its steps, the gradient both compute).
 """
-from typing import Dict, List
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from typing import Dict, List, Optional
 
 import torch
 
@@ -20,19 +31,20 @@ from mmlinattn.ops.reference import laplacian_kernel_reference, newton_schulz_in
 
 LAM = 4.0
 EPS = 1e-2
-CPU_LIMIT_GOPS = 55.0
 KERNEL_SHAPES = {'224^2 (N=56^2, M=49)': (2, 2, 56 * 56, 49, 32),
                  '512^2 (N=128^2, M=256)': (2, 2, 128 * 128, 256, 32)}
 NS_SIZES = (49, 256)
 NS_BATCH = 64
 KERNEL_IMPLS = {'compiled': laplacian_kernel,
                 'cdist+exp': lambda q, k, lam: torch.exp(torch.cdist(q, k, p=1) * (-1.0 / lam))}
-NS_IMPLS = {
+NS_FORWARD = {
     'compiled': lambda a: newton_schulz_inverse(a, iters=20, eps=EPS),
     'reference': lambda a: newton_schulz_inverse_reference(a, 20, EPS),
     'linalg.inv': lambda a: torch.linalg.inv(a + EPS * torch.eye(a.shape[-1], device=a.device)),
     'linalg.pinv': lambda a: torch.linalg.pinv(a + EPS * torch.eye(a.shape[-1], device=a.device)),
 }
+NS_BACKWARD = ('compiled', 'reference')
+LIMIT_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'cpu_limit.cpp')
 
 
 def _kernel_case(shape, impl, backward, device):
@@ -59,12 +71,16 @@ def _landmark_gram(m, device):
     return laplacian_kernel_reference(x, x, LAM)[:, 0].to(device)
 
 
-def _ns_case(m, impl, device):
-    op = NS_IMPLS[impl]
+def _ns_case(m, impl, backward, device):
+    op = NS_FORWARD[impl]
 
     def build(size=m):
         a = _landmark_gram(size, device)
-        return lambda: op(a)
+        if not backward:
+            return lambda: op(a)
+        a.requires_grad_()
+        grad = torch.randn(a.shape, generator=torch.Generator().manual_seed(1)).to(device)
+        return lambda: torch.autograd.grad(op(a), a, grad)
 
     return build, lambda: build(4)
 
@@ -78,13 +94,35 @@ def cases(device: str) -> List[Case]:
                 phase = 'fwd+bwd' if backward else 'fwd'
                 out.append(Case(f'laplacian {label} {impl} {phase}', build, warm))
     for m in NS_SIZES:
-        for impl in NS_IMPLS:
-            build, warm = _ns_case(m, impl, device)
-            out.append(Case(f'newton_schulz M={m} {impl}', build, warm))
+        for impl in NS_FORWARD:
+            for backward in (False, True) if impl in NS_BACKWARD else (False, ):
+                build, warm = _ns_case(m, impl, backward, device)
+                phase = 'fwd+bwd' if backward else 'fwd'
+                out.append(Case(f'newton_schulz M={m} {impl} {phase}', build, warm))
     return out
 
 
+def measured_cpu_limit() -> Optional[Dict[str, float]]:
+    """G element-ops/s of the kernels' inner loops on all threads (see the module docstring)."""
+    compiler = shutil.which('g++')
+    if compiler is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = os.path.join(tmp, 'cpu_limit')
+        subprocess.run([compiler, '-O3', '-march=native', '-fopenmp', LIMIT_SOURCE, '-o', binary],
+                       check=True, capture_output=True)
+        env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()))
+        result = json.loads(subprocess.run([binary], check=True, capture_output=True, text=True,
+                                           env=env).stdout)
+    if 'error' in result:
+        return None
+    forward, backward = result['forward'] / 1e9, result['backward'] / 1e9
+    return {'fwd': forward, 'bwd': backward, 'fwd+bwd': 3 / (1 / forward + 2 / backward),
+            'threads': result['threads']}
+
+
 def summarise(results: Dict[str, Measurement], device: str) -> Section:
+    limit = measured_cpu_limit() if device == 'cpu' else None
     rows = []
     for label, (b, h, n, m, d) in KERNEL_SHAPES.items():
         elem_ops = b * h * n * m * d
@@ -98,9 +136,9 @@ def summarise(results: Dict[str, Measurement], device: str) -> Section:
                 'G elem-op/s fwd': elem_ops / fwd.time_ms / 1e6,
                 'G elem-op/s fwd+bwd': 3 * elem_ops / both.time_ms / 1e6,
             }
-            if device == 'cpu':
-                row['% of 55G fwd'] = 100 * row['G elem-op/s fwd'] / CPU_LIMIT_GOPS
-                row['% of 55G fwd+bwd'] = 100 * row['G elem-op/s fwd+bwd'] / CPU_LIMIT_GOPS
+            if limit:
+                row['% of limit fwd'] = 100 * row['G elem-op/s fwd'] / limit['fwd']
+                row['% of limit fwd+bwd'] = 100 * row['G elem-op/s fwd+bwd'] / limit['fwd+bwd']
             if impl == 'compiled':
                 base_fwd, base_both = get('cdist+exp', 'fwd'), get('cdist+exp', 'fwd+bwd')
                 row['speed-up fwd'] = base_fwd.time_ms / fwd.time_ms
@@ -108,24 +146,33 @@ def summarise(results: Dict[str, Measurement], device: str) -> Section:
                 row['peak fwd+bwd / cdist'] = both.peak_mb / max(base_both.peak_mb, 1e-9)
             rows.append(row)
     for m in NS_SIZES:
-        compiled = results[f'newton_schulz M={m} compiled']
-        for impl in NS_IMPLS:
-            res = results[f'newton_schulz M={m} {impl}']
+        compiled = results[f'newton_schulz M={m} compiled fwd']
+        compiled_both = results[f'newton_schulz M={m} compiled fwd+bwd']
+        for impl in NS_FORWARD:
+            res = results[f'newton_schulz M={m} {impl} fwd']
+            both = results.get(f'newton_schulz M={m} {impl} fwd+bwd')
             rows.append({
-                'op': 'newton_schulz (20 steps)' if impl in ('compiled', 'reference') else impl,
+                'op': 'newton_schulz (20 steps)' if impl in NS_BACKWARD else impl,
                 'shape': f'batch {NS_BATCH}, M={m}', 'impl': impl, 'fwd ms': res.time_ms,
-                'peak fwd MiB': res.peak_mb,
+                'fwd+bwd ms': both.time_ms if both else None, 'peak fwd MiB': res.peak_mb,
+                'peak fwd+bwd MiB': both.peak_mb if both else None,
                 'speed-up fwd': res.time_ms / compiled.time_ms if impl != 'compiled' else None,
+                'speed-up fwd+bwd': (both.time_ms / compiled_both.time_ms
+                                     if both and impl != 'compiled' else None),
             })
     columns = ['op', 'shape', 'impl', 'fwd ms', 'fwd+bwd ms', 'peak fwd MiB', 'peak fwd+bwd MiB',
                'G elem-op/s fwd', 'G elem-op/s fwd+bwd']
-    if device == 'cpu':
-        columns += ['% of 55G fwd', '% of 55G fwd+bwd']
+    if limit:
+        columns += ['% of limit fwd', '% of limit fwd+bwd']
     columns += ['speed-up fwd', 'speed-up fwd+bwd', 'peak fwd+bwd / cdist']
     notes = [
         'speed-up = time of the other implementation / time of the compiled op; for Newton-Schulz '
         'rows it is that row\'s time / the compiled Newton-Schulz time (> 1: compiled is faster).',
-        'element-op = one |q_ic - k_jc| accumulation; fwd+bwd counts 3 B*H*N*M*D.',
+        'element-op = one |q_ic - k_jc| term; fwd+bwd counts 3 B*H*N*M*D.',
         'cdist+exp with autograd is also the reference implementation of laplacian_kernel.',
     ]
+    if limit:
+        notes.append(f'CPU limit (cpu_limit.cpp, {limit["threads"]} threads): forward '
+                     f'{limit["fwd"]:.1f}, backward {limit["bwd"]:.1f}, forward+backward '
+                     f'{limit["fwd+bwd"]:.1f} G element-ops/s.')
     return Section(f'LaplacianFormer ops on {device}', columns, rows, notes)

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmlinattn.ops import laplacian_kernel, newton_schulz_inverse
+from mmlinattn.ops import check_finite_input, compute_dtype, laplacian_kernel, newton_schulz_inverse
 
 KERNELS = ('laplacian', 'gaussian')
 INVERSES = ('newton_schulz', 'exact', 'conjugate_gradient')
@@ -43,10 +43,6 @@ def _normalise(num_den: torch.Tensor, den_eps: float) -> torch.Tensor:
 def _append_ones(v: torch.Tensor) -> torch.Tensor:
     """[..., N, Dv] -> [..., N, Dv + 1]: the extra column carries the normaliser through the products."""
     return torch.cat([v, v.new_ones(v.shape[:-1] + (1, ))], dim=-1)
-
-
-def _solver_dtype(t: torch.Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
 def gaussian_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -102,7 +98,7 @@ def cholesky_solve_spd(matrix: torch.Tensor, rhs: torch.Tensor, shift: float = 0
 def landmark_gram(landmarks: torch.Tensor, kernel: Kernel) -> torch.Tensor:
     """``K(q~, q~)`` in fp32 (fp64 stays fp64) with autocast off: [B, H, M, D] -> [B, H, M, M]."""
     with torch.autocast(device_type=landmarks.device.type, enabled=False):
-        landmarks = landmarks.to(_solver_dtype(landmarks))
+        landmarks = landmarks.to(compute_dtype(landmarks.dtype))
         return kernel(landmarks, landmarks)
 
 
@@ -345,7 +341,8 @@ class LaplacianAttention(nn.Module):
                         for size, limit in zip(pooled.shape[2:], self.max_landmark_grid))
             if cap != tuple(pooled.shape[2:]):
                 pooled = F.adaptive_avg_pool2d(pooled, cap)
-        pooled = pooled.flatten(2).transpose(1, 2)  # [B*h, m, d]
+        # [B*h, m, d]: a view when pooled is channels-last, as the conv of the q view makes it
+        pooled = pooled.permute(0, 2, 3, 1).reshape(batch * heads, -1, head_dims)
         pooled = self.landmark_act(self.landmark_norm(pooled))
         return pooled.reshape(batch, heads, -1, head_dims)
 
@@ -355,10 +352,13 @@ class LaplacianAttention(nn.Module):
         the analysis tools both read the layer through it."""
         batch, num_tokens, _ = x.shape
 
-        def split_heads(t):  # [B, N, C] -> [B, h, N, d]
+        def split_heads(t):  # [B, N, C] -> [B, h, N, d], a view
             return t.reshape(batch, num_tokens, self.num_heads, self.head_dims).transpose(1, 2)
 
-        q = split_heads(self.q(x)) * self.scale
+        # The scale folded into the projection and q made contiguous once: the kernels, the
+        # landmark conv (which sees a view of it) and the backward need no more copies.
+        q_bias = None if self.q.bias is None else self.q.bias * self.scale
+        q = split_heads(F.linear(x, self.q.weight * self.scale, q_bias)).contiguous()
         v = split_heads(self.v(x))
         landmarks = self.landmarks(q, hw_shape) if self.landmark_ratio > 1 else None
         return q, landmarks, v
@@ -369,6 +369,7 @@ class LaplacianAttention(nn.Module):
         if num_tokens != height * width or channels != self.embed_dims:
             raise ValueError(f'x must be [B, H*W, {self.embed_dims}] for hw_shape {tuple(hw_shape)}, '
                              f'got {list(x.shape)}')
+        check_finite_input(self, x)  # only with MMLINATTN_CHECK_FINITE=1
         q, landmarks, v = self.attention_inputs(x, hw_shape)
         if landmarks is None:
             y = exact_kernel_attention(q, v, self.kernel_matrix, self.den_eps)
@@ -376,7 +377,8 @@ class LaplacianAttention(nn.Module):
             y = nystrom_attention(q, landmarks, v, self.kernel_matrix, self.landmark_solve,
                                   self.den_eps)
         y = y.transpose(1, 2).reshape(batch, num_tokens, channels).to(v.dtype)
-        if self.local_conv is not None:  # v as an image: [B, h, N, d] -> [B, h*d, H, W]
-            v_image = v.transpose(-2, -1).reshape(batch, channels, height, width)
-            y = y + self.local_conv(v_image).flatten(2).transpose(1, 2)
+        if self.local_conv is not None:  # v as a channels-last image [B, C, H, W]: views, no copies
+            v_image = v.transpose(1, 2).reshape(batch, height, width, channels).permute(0, 3, 1, 2)
+            local = self.local_conv(v_image).permute(0, 2, 3, 1)
+            y = y + local.reshape(batch, num_tokens, channels)
         return self.proj_drop(self.proj(y))

@@ -29,16 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmlinattn.ops import polarity_linear_attention
+from mmlinattn.ops import check_finite_input, compute_dtype, polarity_linear_attention
 from .pos_embed import resize_pos_embed
 
 
 POLARITIES = ('both', 'same')
 POWERS = ('learned', 'fixed')
-
-
-def _compute_dtype(t: torch.Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
 def same_sign_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, power: torch.Tensor,
@@ -195,7 +191,7 @@ class PolarityAttention(nn.Module):
         key grid (Hk, Wk). The forward pass and the analysis tools both read the layer through it."""
         batch = x.shape[0]
         q, k, v, g, kv_grid = self._project(x, hw_shape)
-        dtype = _compute_dtype(x)
+        dtype = compute_dtype(x.dtype)
         with torch.autocast(device_type=x.device.type, enabled=False):
             q, k, v, g = (t.to(dtype) for t in (q, k, v, g))
             if self.positional_encoding is not None:
@@ -216,6 +212,7 @@ class PolarityAttention(nn.Module):
         if num_tokens != height * width or channels != self.embed_dims:
             raise ValueError(f'x must be [B, H*W, {self.embed_dims}] for hw_shape {tuple(hw_shape)}, '
                              f'got {list(x.shape)}')
+        check_finite_input(self, x)  # only with MMLINATTN_CHECK_FINITE=1
         q, k, v, g, power, _ = self.attention_inputs(x, hw_shape)
         with torch.autocast(device_type=x.device.type, enabled=False):
             if self.polarity == 'same':

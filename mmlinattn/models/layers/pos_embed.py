@@ -4,6 +4,8 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
+from mmlinattn.ops import compute_dtype
+
 
 def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int], dst_shape: Tuple[int, int],
                      mode: str = 'bicubic') -> torch.Tensor:
@@ -23,6 +25,5 @@ def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int], dst_sh
     grid = pos_embed.reshape(1, src_h, src_w, channels).permute(0, 3, 1, 2)
     # bicubic upsampling is not implemented for bf16/fp16 on every device: interpolate in fp32
     # (fp64 stays fp64).
-    compute_dtype = torch.float64 if pos_embed.dtype == torch.float64 else torch.float32
-    grid = F.interpolate(grid.to(compute_dtype), size=(dst_h, dst_w), mode=mode, align_corners=False)
+    grid = F.interpolate(grid.to(compute_dtype(pos_embed.dtype)), size=(dst_h, dst_w), mode=mode, align_corners=False)
     return grid.to(pos_embed.dtype).flatten(2).transpose(1, 2)

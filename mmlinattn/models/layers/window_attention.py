@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmlinattn.ops import check_finite_input
+
 MASK_VALUE = -100.0
 
 
@@ -126,6 +128,7 @@ class ShiftedWindowAttention(nn.Module):
         if num_tokens != height * width or channels != self.embed_dims:
             raise ValueError(f'x must be [B, H*W, {self.embed_dims}] for hw_shape {tuple(hw_shape)}, '
                              f'got {list(x.shape)}')
+        check_finite_input(self, x)  # only with MMLINATTN_CHECK_FINITE=1
         w = self.window_size
         grid = F.pad(x.reshape(batch, height, width, channels), (0, 0, 0, (-width) % w, 0, (-height) % w))
         padded_h, padded_w = grid.shape[1:3]

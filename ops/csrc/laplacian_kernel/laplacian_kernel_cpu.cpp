@@ -1,44 +1,68 @@
-// CPU kernels of the Laplacian kernel op (fp32, fp64), parallel over batch*heads and row tiles.
+// CPU Laplacian kernel op (fp32, fp64): schemas, work split, and the portable kernels.
+// The design is in docs/ops/laplacian_kernel.md; the kernel interface in laplacian_kernel_cpu.h.
 //
-// Forward: per (b,h) the keys are transposed once to kt [D][Mp] (Mp = M rounded up to a multiple
-// of kTileJ), so the inner loop runs over kTileJ consecutive keys with no horizontal reduction:
-// acc[r][w] += |q[i+r][c] - kt[c][j+w]| for a kRowsI x kTileJ register tile, c = 0..D-1.
-// Backward: two passes, each parallel over its own output rows, so no atomics are needed:
-// dq over query rows (inner loop over D), dk over key-row blocks and fixed query chunks whose
-// partial sums are added in a fixed order, so the result does not depend on the thread count.
-// The hot loops are compiled for AVX-512, AVX2 and baseline x86-64 and picked at load time.
+// Forward: tasks of kForwardRows query rows of one (batch, head); each task transposes that
+// head's keys to kt [D][Mp] and runs the row kernel (vectorised across keys, exp fused).
+// Backward: tasks of kBackwardRows query rows of one (batch, head) compute their dq rows whole
+// and their own partial dk (the sum over their rows); the partials are then added in task order,
+// so results do not depend on the number of threads.
+// Kernels: AVX-512 intrinsics (laplacian_kernel_avx512.cpp) when the CPU has them and
+// ATEN_CPU_CAPABILITY (torch's switch) allows AVX512; otherwise the portable loops below,
+// compiled for AVX2 and baseline x86-64 (picked at load time) or the build target.
 #include <ATen/Parallel.h>
+#include <ATen/Version.h>
+#include <c10/util/bit_cast.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "laplacian_kernel.h"
+#include "laplacian_kernel/laplacian_kernel_cpu.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define MMLINATTN_CPU_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define MMLINATTN_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define MMLINATTN_HAS_AVX512_KERNELS 1
 #else
 #define MMLINATTN_CPU_CLONES
+#define MMLINATTN_HAS_AVX512_KERNELS 0
 #endif
 #define MMLINATTN_INLINE inline __attribute__((always_inline))
 
 namespace mmlinattn::laplacian {
+namespace cpu {
+
+bool avx512_usable() {
+#if MMLINATTN_HAS_AVX512_KERNELS
+  return at::get_cpu_capability() == "AVX512" && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
+}  // namespace cpu
+
 namespace {
 
-constexpr int64_t kTileJ = 16;     // keys per register tile (one AVX-512 fp32 vector)
-constexpr int kRowsI = 4;          // query rows per register tile
-constexpr int64_t kRowsPerTask = 64;  // query rows per parallel forward / dq task
-constexpr int64_t kKeysPerTask = 4;   // key rows per dk register tile
-constexpr int64_t kQueryChunk = 1024; // query rows per dk partial sum (fixed: deterministic)
+using cpu::kKeyPad;
+using cpu::Kernels;
 
-// exp(x) for x <= 0, branch-free so that it vectorises: x = n ln2 + r, |r| <= ln2/2,
-// exp(r) by a Taylor polynomial (error < 1 ulp), 2^n assembled in the exponent bits.
-// Below the smallest normal number the result is flushed to zero.
+constexpr int64_t kForwardRows = 128;   // query rows per forward task
+constexpr int64_t kBackwardRows = 256;  // query rows per backward task (fixed: deterministic dk)
+constexpr int64_t kTileJ = 16;          // portable forward: keys per tile
+constexpr int kRowsI = 4;               // portable forward: query rows per tile
+
+// ---- portable kernels -------------------------------------------------------------------------
+
+// exp(x) for x <= 0, branch-free so that it vectorises: x = n ln2 + r, |r| <= ln2/2, exp(r) by
+// a Taylor polynomial (error < 1 ulp), 2^n assembled in the exponent bits; x < kMin gives 0, NaN
+// stays NaN.
 template <typename T>
 struct ExpTraits;
 template <>
@@ -78,66 +102,40 @@ MMLINATTN_INLINE T exp_nonpositive(T x) {
   return x < E::kMin ? T(0) : poly * scale;
 }
 
-// L1 distances of `rows` (<= kRowsI) query rows against kTileJ keys of the transposed key block.
+// L1 distances of `Rows` query rows against kTileJ keys of kt, then exp, stored.
 template <typename T, int Rows>
-MMLINATTN_INLINE void l1_tile(const T* q, int64_t d, const T* kt, int64_t ldk,
-                              T (&acc)[kRowsI][kTileJ]) {
+MMLINATTN_INLINE void portable_forward_tile(const T* q, const T* kt, T* out, int64_t j0,
+                                            int64_t m, int64_t mp, int64_t d, T scale) {
+  T acc[Rows][kTileJ];
   for (int r = 0; r < Rows; ++r)
     for (int64_t w = 0; w < kTileJ; ++w) acc[r][w] = T(0);
   for (int64_t c = 0; c < d; ++c) {
-    const T* kc = kt + c * ldk;
+    const T* kc = kt + c * mp + j0;
     for (int r = 0; r < Rows; ++r) {
       const T qv = q[r * d + c];
 #pragma omp simd
       for (int64_t w = 0; w < kTileJ; ++w) acc[r][w] += std::abs(qv - kc[w]);
     }
   }
-}
-
-template <typename T, int Rows>
-MMLINATTN_INLINE void store_tile(T* out, int64_t m, int64_t j0, T scale,
-                                 T (&acc)[kRowsI][kTileJ]) {
   for (int r = 0; r < Rows; ++r) {
-    T* dst = out + r * m + j0;
-    if (j0 + kTileJ <= m) {
+    T vals[kTileJ];
 #pragma omp simd
-      for (int64_t w = 0; w < kTileJ; ++w) dst[w] = exp_nonpositive(acc[r][w] * scale);
-    } else {
-      T vals[kTileJ];
-#pragma omp simd
-      for (int64_t w = 0; w < kTileJ; ++w) vals[w] = exp_nonpositive(acc[r][w] * scale);
-      for (int64_t w = 0; w < m - j0; ++w) dst[w] = vals[w];
-    }
+    for (int64_t w = 0; w < kTileJ; ++w) vals[w] = exp_nonpositive(acc[r][w] * scale);
+    const int64_t count = std::min(kTileJ, m - j0);
+    for (int64_t w = 0; w < count; ++w) out[r * m + j0 + w] = vals[w];
   }
 }
 
-// Rows [i0, i1) of one (b,h): q [.., D], kt [D][mp], out [.., M].
 template <typename T>
-MMLINATTN_INLINE void forward_rows_impl(const T* q, const T* kt, T* out, int64_t i0, int64_t i1,
-                                        int64_t m, int64_t mp, int64_t d, T scale) {
-  T acc[kRowsI][kTileJ];
-  int64_t i = i0;
-  for (; i + kRowsI <= i1; i += kRowsI) {
-    for (int64_t j0 = 0; j0 < m; j0 += kTileJ) {
-      l1_tile<T, kRowsI>(q + i * d, d, kt + j0, mp, acc);
-      store_tile<T, kRowsI>(out + i * m, m, j0, scale, acc);
-    }
-  }
-  for (; i < i1; ++i) {
-    for (int64_t j0 = 0; j0 < m; j0 += kTileJ) {
-      l1_tile<T, 1>(q + i * d, d, kt + j0, mp, acc);
-      store_tile<T, 1>(out + i * m, m, j0, scale, acc);
-    }
-  }
-}
-
-MMLINATTN_CPU_CLONES void forward_rows(const float* q, const float* kt, float* out, int64_t i0,
-                                       int64_t i1, int64_t m, int64_t mp, int64_t d, float s) {
-  forward_rows_impl<float>(q, kt, out, i0, i1, m, mp, d, s);
-}
-MMLINATTN_CPU_CLONES void forward_rows(const double* q, const double* kt, double* out, int64_t i0,
-                                       int64_t i1, int64_t m, int64_t mp, int64_t d, double s) {
-  forward_rows_impl<double>(q, kt, out, i0, i1, m, mp, d, s);
+MMLINATTN_INLINE void portable_forward_impl(const T* q, const T* kt, T* out, int64_t rows,
+                                            int64_t m, int64_t mp, int64_t d, T scale) {
+  int64_t i = 0;
+  for (; i + kRowsI <= rows; i += kRowsI)
+    for (int64_t j0 = 0; j0 < m; j0 += kTileJ)
+      portable_forward_tile<T, kRowsI>(q + i * d, kt, out + i * m, j0, m, mp, d, scale);
+  for (; i < rows; ++i)
+    for (int64_t j0 = 0; j0 < m; j0 += kTileJ)
+      portable_forward_tile<T, 1>(q + i * d, kt, out + i * m, j0, m, mp, d, scale);
 }
 
 // g * sign(diff) with sign(0) = 0: g with its sign bit flipped by diff's, zero where diff == 0.
@@ -145,197 +143,153 @@ template <typename T>
 MMLINATTN_INLINE T sign_times(T diff, T g) {
   using Bits = typename ExpTraits<T>::Bits;
   constexpr Bits kSignBit = Bits{1} << (sizeof(T) * 8 - 1);
-  const Bits sign = std::bit_cast<Bits>(diff) & kSignBit;
-  const T flipped = std::bit_cast<T>(std::bit_cast<Bits>(g) ^ sign);
+  const Bits sign = c10::bit_cast<Bits>(diff) & kSignBit;
+  const T flipped = c10::bit_cast<T>(c10::bit_cast<Bits>(g) ^ sign);
   return diff != T(0) ? flipped : T(0);
 }
 
-// dq for query rows [i0, i1) of one (b,h): dq_ic = -sum_j g_ij sign(q_ic - k_jc).
-// Dim is the head dim when known at compile time (then q_i and the sums live in registers);
-// 0 means a runtime d, summed in place in dq. g_row holds M values.
-template <typename T, int64_t Dim>
-MMLINATTN_INLINE void dq_rows_impl(const T* grad, const T* out, const T* q, const T* k, T* dq,
-                                   int64_t i0, int64_t i1, int64_t m, int64_t d_runtime,
-                                   T inv_lam, T* g_row) {
-  const int64_t d = Dim > 0 ? Dim : d_runtime;
-  for (int64_t i = i0; i < i1; ++i) {
+// The fused backward of the interface, one query row at a time, vectorised across channels.
+template <typename T>
+MMLINATTN_INLINE void portable_backward_impl(const T* grad, const T* out, const T* q, const T* k,
+                                             T* dq, T* dk, int64_t rows, int64_t m, int64_t d,
+                                             T inv_lam, bool need_dq, bool need_dk, T* g) {
+  if (need_dk) std::fill(dk, dk + m * d, T(0));
+  for (int64_t i = 0; i < rows; ++i) {
 #pragma omp simd
-    for (int64_t j = 0; j < m; ++j) g_row[j] = grad[i * m + j] * out[i * m + j] * inv_lam;
+    for (int64_t j = 0; j < m; ++j) g[j] = grad[i * m + j] * out[i * m + j] * inv_lam;
     const T* qi = q + i * d;
-    T* dqi = dq + i * d;
-    if constexpr (Dim > 0) {
-      T qv[Dim], acc[Dim];
-      for (int64_t c = 0; c < Dim; ++c) qv[c] = qi[c], acc[c] = T(0);
-      for (int64_t j = 0; j < m; ++j) {
-        const T g = g_row[j];
-        const T* kj = k + j * Dim;
+    T* dqi = need_dq ? dq + i * d : nullptr;
+    if (need_dq) std::fill(dqi, dqi + d, T(0));
+    for (int64_t j = 0; j < m; ++j) {
+      const T gj = g[j];
+      const T* kj = k + j * d;
+      if (need_dq && need_dk) {
+        T* dkj = dk + j * d;
 #pragma omp simd
-        for (int64_t c = 0; c < Dim; ++c) acc[c] -= sign_times(qv[c] - kj[c], g);
-      }
-      for (int64_t c = 0; c < Dim; ++c) dqi[c] = acc[c];
-    } else {
-      for (int64_t c = 0; c < d; ++c) dqi[c] = T(0);
-      for (int64_t j = 0; j < m; ++j) {
-        const T g = g_row[j];
-        const T* kj = k + j * d;
+        for (int64_t c = 0; c < d; ++c) {
+          const T s = sign_times(qi[c] - kj[c], gj);
+          dqi[c] -= s;
+          dkj[c] += s;
+        }
+      } else if (need_dq) {
 #pragma omp simd
-        for (int64_t c = 0; c < d; ++c) dqi[c] -= sign_times(qi[c] - kj[c], g);
+        for (int64_t c = 0; c < d; ++c) dqi[c] -= sign_times(qi[c] - kj[c], gj);
+      } else {
+        T* dkj = dk + j * d;
+#pragma omp simd
+        for (int64_t c = 0; c < d; ++c) dkj[c] += sign_times(qi[c] - kj[c], gj);
       }
     }
   }
+}
+
+MMLINATTN_CPU_CLONES void portable_forward(const float* q, const float* kt, float* out,
+                                           int64_t rows, int64_t m, int64_t mp, int64_t d,
+                                           float scale) {
+  portable_forward_impl<float>(q, kt, out, rows, m, mp, d, scale);
+}
+MMLINATTN_CPU_CLONES void portable_forward(const double* q, const double* kt, double* out,
+                                           int64_t rows, int64_t m, int64_t mp, int64_t d,
+                                           double scale) {
+  portable_forward_impl<double>(q, kt, out, rows, m, mp, d, scale);
+}
+MMLINATTN_CPU_CLONES void portable_backward(const float* grad, const float* out, const float* q,
+                                            const float* k, float* dq, float* dk, int64_t rows,
+                                            int64_t m, int64_t d, float inv_lam, bool need_dq,
+                                            bool need_dk, float* g) {
+  portable_backward_impl<float>(grad, out, q, k, dq, dk, rows, m, d, inv_lam, need_dq, need_dk, g);
+}
+MMLINATTN_CPU_CLONES void portable_backward(const double* grad, const double* out,
+                                            const double* q, const double* k, double* dq,
+                                            double* dk, int64_t rows, int64_t m, int64_t d,
+                                            double inv_lam, bool need_dq, bool need_dk,
+                                            double* g) {
+  portable_backward_impl<double>(grad, out, q, k, dq, dk, rows, m, d, inv_lam, need_dq, need_dk,
+                                 g);
 }
 
 template <typename T>
-MMLINATTN_INLINE void dq_rows_dispatch(const T* grad, const T* out, const T* q, const T* k, T* dq,
-                                       int64_t i0, int64_t i1, int64_t m, int64_t d, T inv_lam,
-                                       T* g_row) {
-  switch (d) {
-    case 16: return dq_rows_impl<T, 16>(grad, out, q, k, dq, i0, i1, m, d, inv_lam, g_row);
-    case 32: return dq_rows_impl<T, 32>(grad, out, q, k, dq, i0, i1, m, d, inv_lam, g_row);
-    case 64: return dq_rows_impl<T, 64>(grad, out, q, k, dq, i0, i1, m, d, inv_lam, g_row);
-    default: return dq_rows_impl<T, 0>(grad, out, q, k, dq, i0, i1, m, d, inv_lam, g_row);
-  }
-}
-
-MMLINATTN_CPU_CLONES void dq_rows(const float* grad, const float* out, const float* q,
-                                  const float* k, float* dq, int64_t i0, int64_t i1, int64_t m,
-                                  int64_t d, float inv_lam, float* g_row) {
-  dq_rows_dispatch<float>(grad, out, q, k, dq, i0, i1, m, d, inv_lam, g_row);
-}
-MMLINATTN_CPU_CLONES void dq_rows(const double* grad, const double* out, const double* q,
-                                  const double* k, double* dq, int64_t i0, int64_t i1, int64_t m,
-                                  int64_t d, double inv_lam, double* g_row) {
-  dq_rows_dispatch<double>(grad, out, q, k, dq, i0, i1, m, d, inv_lam, g_row);
-}
-
-// Partial dk for key rows [j0, j1) over query rows [i0, i1) of one (b,h):
-// dk_jc = sum_i g_ij sign(q_ic - k_jc), written (not accumulated) to dk. kKeysPerTask key rows
-// at a time share each q_i load; with a compile-time Dim their sums live in registers.
-template <typename T, int64_t Dim>
-MMLINATTN_INLINE void dk_rows_impl(const T* grad, const T* out, const T* q, const T* k, T* dk,
-                                   int64_t j0, int64_t j1, int64_t i0, int64_t i1, int64_t m,
-                                   int64_t d_runtime, T inv_lam) {
-  const int64_t d = Dim > 0 ? Dim : d_runtime;
-  constexpr int64_t kAccSize = Dim > 0 ? kKeysPerTask * Dim : 1;
-  for (int64_t jb = j0; jb < j1; jb += kKeysPerTask) {
-    const int64_t nj = std::min(kKeysPerTask, j1 - jb);
-    T* dkb = dk + jb * d;
-    const T* kb = k + jb * d;
-    T acc[kAccSize];
-    T* sums = Dim > 0 ? acc : dkb;
-    for (int64_t t = 0; t < nj * d; ++t) sums[t] = T(0);
-    for (int64_t i = i0; i < i1; ++i) {
-      const T* qi = q + i * d;
-      T gs[kKeysPerTask];
-      for (int64_t u = 0; u < kKeysPerTask; ++u)
-        gs[u] = u < nj ? grad[i * m + jb + u] * out[i * m + jb + u] * inv_lam : T(0);
-      for (int64_t u = 0; u < nj; ++u) {
-        const T g = gs[u];
-        const T* kj = kb + u * d;
-        T* sj = sums + u * d;
-#pragma omp simd
-        for (int64_t c = 0; c < d; ++c) sj[c] += sign_times(qi[c] - kj[c], g);
-      }
+const Kernels<T>& kernels() {
+  static const Kernels<T> chosen = [] {
+    const Kernels<T> portable{
+        static_cast<void (*)(const T*, const T*, T*, int64_t, int64_t, int64_t, int64_t, T)>(
+            &portable_forward),
+        static_cast<void (*)(const T*, const T*, const T*, const T*, T*, T*, int64_t, int64_t,
+                             int64_t, T, bool, bool, T*)>(&portable_backward)};
+#if MMLINATTN_HAS_AVX512_KERNELS
+    if (cpu::avx512_usable()) {
+      if constexpr (std::is_same_v<T, float>) return cpu::avx512_kernels_float();
+      else return cpu::avx512_kernels_double();
     }
-    if constexpr (Dim > 0)
-      for (int64_t t = 0; t < nj * d; ++t) dkb[t] = acc[t];
-  }
-}
-
-template <typename T>
-MMLINATTN_INLINE void dk_rows_dispatch(const T* grad, const T* out, const T* q, const T* k, T* dk,
-                                       int64_t j0, int64_t j1, int64_t i0, int64_t i1, int64_t m,
-                                       int64_t d, T inv_lam) {
-  switch (d) {
-    case 16: return dk_rows_impl<T, 16>(grad, out, q, k, dk, j0, j1, i0, i1, m, d, inv_lam);
-    case 32: return dk_rows_impl<T, 32>(grad, out, q, k, dk, j0, j1, i0, i1, m, d, inv_lam);
-    case 64: return dk_rows_impl<T, 64>(grad, out, q, k, dk, j0, j1, i0, i1, m, d, inv_lam);
-    default: return dk_rows_impl<T, 0>(grad, out, q, k, dk, j0, j1, i0, i1, m, d, inv_lam);
-  }
-}
-
-MMLINATTN_CPU_CLONES void dk_rows(const float* grad, const float* out, const float* q,
-                                  const float* k, float* dk, int64_t j0, int64_t j1, int64_t i0,
-                                  int64_t i1, int64_t m, int64_t d, float inv_lam) {
-  dk_rows_dispatch<float>(grad, out, q, k, dk, j0, j1, i0, i1, m, d, inv_lam);
-}
-MMLINATTN_CPU_CLONES void dk_rows(const double* grad, const double* out, const double* q,
-                                  const double* k, double* dk, int64_t j0, int64_t j1, int64_t i0,
-                                  int64_t i1, int64_t m, int64_t d, double inv_lam) {
-  dk_rows_dispatch<double>(grad, out, q, k, dk, j0, j1, i0, i1, m, d, inv_lam);
+#endif
+    return portable;
+  }();
+  return chosen;
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Each op runs one parallel region (plus a small ordered sum for dk when N is large): under a
-// busy machine every extra fork/join waits for the slowest thread to be scheduled.
+// ---- driver -----------------------------------------------------------------------------------
+
 template <typename T>
 void forward_cpu(const at::Tensor& q, const at::Tensor& k, at::Tensor& out, double lam) {
   const int64_t bh = q.size(0) * q.size(1), n = q.size(2), m = k.size(2), d = q.size(3);
-  const int64_t mp = ceil_div(m, kTileJ) * kTileJ;
-  // Keys transposed and zero-padded per (b,h): kt[b*h][c][j] (as small as k: done serially).
-  std::vector<T> kt(bh * d * mp, T(0));
-  const T* k_ptr = k.const_data_ptr<T>();
-  for (int64_t b = 0; b < bh; ++b)
-    for (int64_t j = 0; j < m; ++j)
-      for (int64_t c = 0; c < d; ++c) kt[(b * d + c) * mp + j] = k_ptr[(b * m + j) * d + c];
+  const int64_t mp = ceil_div(m, kKeyPad) * kKeyPad, tiles = ceil_div(n, kForwardRows);
   const T* q_ptr = q.const_data_ptr<T>();
+  const T* k_ptr = k.const_data_ptr<T>();
   T* out_ptr = out.mutable_data_ptr<T>();
-  const int64_t tiles = ceil_div(n, kRowsPerTask);
   const T scale = T(-1.0 / lam);
+  const Kernels<T>& kern = kernels<T>();
   at::parallel_for(0, bh * tiles, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<T> kt(d * mp, T(0));  // this head's keys, transposed: kt[c][j]
+    int64_t kt_head = -1;
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / tiles, i0 = (t % tiles) * kRowsPerTask;
-      const int64_t i1 = std::min(n, i0 + kRowsPerTask);
-      forward_rows(q_ptr + b * n * d, kt.data() + b * d * mp, out_ptr + b * n * m, i0, i1, m, mp,
-                   d, scale);
+      const int64_t b = t / tiles, i0 = (t % tiles) * kForwardRows;
+      if (b != kt_head) {
+        for (int64_t j = 0; j < m; ++j)
+          for (int64_t c = 0; c < d; ++c) kt[c * mp + j] = k_ptr[(b * m + j) * d + c];
+        kt_head = b;
+      }
+      kern.forward_rows(q_ptr + (b * n + i0) * d, kt.data(), out_ptr + (b * n + i0) * m,
+                        std::min(kForwardRows, n - i0), m, mp, d, scale);
     }
   });
 }
 
-// dq tasks (query-row tiles) and dk tasks (key blocks x fixed query chunks, each writing its own
-// partial sum) in one parallel region; partial dk sums are then added in chunk order.
 template <typename T>
 void backward_cpu(const at::Tensor& grad, const at::Tensor& out, const at::Tensor& q,
-                  const at::Tensor& k, at::Tensor* dq, at::Tensor* dk, double lam) {
+                  const at::Tensor& k, T* dq_ptr, T* dk_ptr, double lam) {
   const int64_t bh = q.size(0) * q.size(1), n = q.size(2), m = k.size(2), d = q.size(3);
   const T *g_ptr = grad.const_data_ptr<T>(), *o_ptr = out.const_data_ptr<T>();
   const T *q_ptr = q.const_data_ptr<T>(), *k_ptr = k.const_data_ptr<T>();
+  const int64_t chunks = ceil_div(n, kBackwardRows);
+  const bool need_dq = dq_ptr != nullptr, need_dk = dk_ptr != nullptr;
+  // Partial dk per chunk [bh][chunks][m][d]; with one chunk per head the partial is dk itself.
+  std::vector<T> partial(need_dk && chunks > 1 ? bh * chunks * m * d : 0);
+  const Kernels<T>& kern = kernels<T>();
   const T inv_lam = T(1.0 / lam);
-  const int64_t dq_tiles = ceil_div(n, kRowsPerTask), dq_tasks = dq ? bh * dq_tiles : 0;
-  const int64_t key_blocks = ceil_div(m, kKeysPerTask);
-  const int64_t chunks = ceil_div(n, kQueryChunk), per_chunk = key_blocks * bh;
-  const int64_t dk_tasks = dk ? chunks * per_chunk : 0;
-  // One partial dk per query chunk ([chunks][bh][m][d]), or dk itself for a single chunk.
-  at::Tensor partial = !dk ? at::Tensor() : chunks == 1 ? *dk : at::empty({chunks, bh, m, d},
-                                                                          dk->options());
-  T* dq_ptr = dq ? dq->mutable_data_ptr<T>() : nullptr;
-  T* p_ptr = dk ? partial.mutable_data_ptr<T>() : nullptr;
-  at::parallel_for(0, dq_tasks + dk_tasks, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<T> g_row(dq ? m : 0);
+  at::parallel_for(0, bh * chunks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<T> scratch(cpu::kScratchRows * m);
     for (int64_t t = t0; t < t1; ++t) {
-      if (t < dq_tasks) {
-        const int64_t b = t / dq_tiles, i0 = (t % dq_tiles) * kRowsPerTask;
-        dq_rows(g_ptr + b * n * m, o_ptr + b * n * m, q_ptr + b * n * d, k_ptr + b * m * d,
-                dq_ptr + b * n * d, i0, std::min(n, i0 + kRowsPerTask), m, d, inv_lam,
-                g_row.data());
-      } else {
-        const int64_t u = t - dq_tasks;
-        const int64_t chunk = u / per_chunk, b = (u % per_chunk) / key_blocks;
-        const int64_t j0 = (u % key_blocks) * kKeysPerTask, i0 = chunk * kQueryChunk;
-        dk_rows(g_ptr + b * n * m, o_ptr + b * n * m, q_ptr + b * n * d, k_ptr + b * m * d,
-                p_ptr + (chunk * bh + b) * m * d, j0, std::min(m, j0 + kKeysPerTask), i0,
-                std::min(n, i0 + kQueryChunk), m, d, inv_lam);
-      }
+      const int64_t b = t / chunks, i0 = (t % chunks) * kBackwardRows;
+      const int64_t rows = std::min(kBackwardRows, n - i0), first = (b * n + i0);
+      T* dk_part = !need_dk ? nullptr : chunks == 1 ? dk_ptr + b * m * d : partial.data() + t * m * d;
+      kern.backward_rows(g_ptr + first * m, o_ptr + first * m, q_ptr + first * d,
+                         k_ptr + b * m * d, need_dq ? dq_ptr + first * d : nullptr,
+                         dk_part, rows, m, d, inv_lam, need_dq, need_dk, scratch.data());
     }
   });
-  if (!dk || chunks == 1) return;
-  T* dk_ptr = dk->mutable_data_ptr<T>();
-  const int64_t size = bh * m * d;
-  for (int64_t e = 0; e < size; ++e) dk_ptr[e] = p_ptr[e];
-  for (int64_t chunk = 1; chunk < chunks; ++chunk)
-#pragma omp simd
-    for (int64_t e = 0; e < size; ++e) dk_ptr[e] += p_ptr[chunk * size + e];
+  if (!need_dk || chunks == 1) return;
+  const int64_t size = m * d;
+  at::parallel_for(0, bh, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      T* dst = dk_ptr + b * size;
+      const T* src = partial.data() + b * chunks * size;
+      std::copy(src, src + size, dst);
+      for (int64_t chunk = 1; chunk < chunks; ++chunk)
+        for (int64_t e = 0; e < size; ++e) dst[e] += src[chunk * size + e];
+    }
+  });
 }
 
 at::Tensor laplacian_kernel_forward_cpu(const at::Tensor& q_in, const at::Tensor& k_in,
@@ -356,17 +310,16 @@ std::tuple<at::Tensor, at::Tensor> laplacian_kernel_backward_cpu(
   const at::Tensor grad = grad_in.contiguous(), q = q_in.contiguous(), k = k_in.contiguous();
   const at::Tensor out = out_in.contiguous();
   // Every entry of dq and dk is written by the kernels unless there is nothing to sum over.
-  const bool empty_sum = grad.numel() == 0;
+  const bool empty_sum = grad.numel() == 0 || q.size(3) == 0;
   const auto make = [&](bool need, const at::Tensor& like) {
     return !need ? at::empty({0}, like.options())
                  : empty_sum ? at::zeros_like(like) : at::empty_like(like);
   };
   at::Tensor dq = make(need_dq, q), dk = make(need_dk, k);
   if (empty_sum || (!need_dq && !need_dk)) return {dq, dk};
-  at::Tensor dk_flat = need_dk ? dk.view({k.size(0) * k.size(1), k.size(2), k.size(3)}) : dk;
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "laplacian_kernel_backward_cpu", [&] {
-    backward_cpu<scalar_t>(grad, out, q, k, need_dq ? &dq : nullptr, need_dk ? &dk_flat : nullptr,
-                           lam);
+    backward_cpu<scalar_t>(grad, out, q, k, need_dq ? dq.mutable_data_ptr<scalar_t>() : nullptr,
+                           need_dk ? dk.mutable_data_ptr<scalar_t>() : nullptr, lam);
   });
   return {dq, dk};
 }

@@ -1,11 +1,11 @@
-// CUDA Newton–Schulz inverse: fp32, fp16 and bf16 input, iterated in fp32.
+// CUDA Newton–Schulz inverse (fp32, fp64; the formulas are in newton_schulz.h).
 //
-// Small matrices (P, V and one work matrix fit in a block's opt-in shared memory: 3 M^2 floats,
-// M <= ~117 on A100, ~139 on H100/H200): one thread block per matrix runs all steps in shared
-// memory, a warp per matrix row, every entry summed in a fixed order. Larger M: the device-agnostic
-// batched-matmul path (cuBLAS through at::bmm / at::baddbmm), so M has no cap.
+// Forward, fp32 matrices whose P, V and one work matrix fit in a block's opt-in shared memory
+// (3 M^2 floats, M <= ~117 on A100, ~139 on H100/H200): one thread block per matrix runs all
+// steps in shared memory, a warp per matrix row, every entry summed in a fixed order. Larger M and
+// fp64: the device-agnostic batched-matmul path (cuBLAS through at::bmm / at::baddbmm), so M has
+// no cap. Backward: the batched-matmul backward (the exact gradient of the computed iterate).
 #include <ATen/ATen.h>
-#include <ATen/Dispatch_v2.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -46,9 +46,8 @@ __device__ float block_sum(float value, float* warp_sums) {
 // One block per matrix; blockDim.x is a multiple of 32. Products are computed a row per warp
 // (lanes over columns), so the update V' = 2V - (V P) V can overwrite row i of T = V P in place:
 // only the warp that owns row i reads it.
-template <typename scalar_t>
 __global__ void __launch_bounds__(kMaxThreads)
-    newton_schulz_shared_kernel(const scalar_t* __restrict__ a, float* __restrict__ v_out,
+    newton_schulz_shared_kernel(const float* __restrict__ a, float* __restrict__ v_out,
                                 float* __restrict__ residual, int m, int iters, float eps) {
   extern __shared__ float smem[];
   __shared__ float warp_sums[kMaxThreads / 32];
@@ -60,7 +59,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   float* t = v + mm;     // work matrix
   a += static_cast<int64_t>(blockIdx.x) * mm;
   for (int e = tid; e < mm; e += threads)
-    p[e] = static_cast<float>(a[e]) + (e / m == e % m ? eps : 0.f);
+    p[e] = a[e] + (e / m == e % m ? eps : 0.f);
   __syncthreads();
   // ||P||_inf: row sums in t[0..m), then the maximum in row order by thread 0.
   for (int i = tid; i < m; i += threads) {
@@ -69,9 +68,9 @@ __global__ void __launch_bounds__(kMaxThreads)
     t[i] = row;
   }
   __syncthreads();
-  if (tid == 0) {
-    float norm = 0.f;
-    for (int i = 0; i < m; ++i) norm = fmaxf(norm, t[i]);
+  if (tid == 0) {  // the maximum in row order; a NaN row sum makes it NaN (fmaxf would drop it)
+    float norm = t[0];
+    for (int i = 1; i < m; ++i) norm = (t[i] > norm || isnan(t[i])) && !isnan(norm) ? t[i] : norm;
     inv_norm = 1.f / norm;
   }
   __syncthreads();
@@ -121,43 +120,43 @@ std::tuple<at::Tensor, at::Tensor> newton_schulz_inverse_cuda(const at::Tensor& 
                                                               int64_t iters, double eps,
                                                               bool with_residual) {
   check_args(a_in, iters, eps);
-  TORCH_CHECK_VALUE(a_in.scalar_type() == at::kFloat || a_in.scalar_type() == at::kHalf ||
-                        a_in.scalar_type() == at::kBFloat16,
-                    "newton_schulz_inverse on CUDA supports float32, float16 and bfloat16, got ",
-                    a_in.scalar_type());
   const c10::cuda::CUDAGuard guard(a_in.device());
   const at::Tensor a = a_in.contiguous();
   const int64_t batch = a.size(0), m = a.size(1);
-  const auto options = a.options().dtype(at::kFloat);
   if (a.numel() == 0)
-    return {at::empty(a.sizes(), options), at::zeros({with_residual ? batch : 0}, options)};
+    return {at::empty(a.sizes(), a.options()), at::zeros({with_residual ? batch : 0}, a.options())};
   const int64_t smem_bytes = 3 * m * m * static_cast<int64_t>(sizeof(float));
   const int64_t static_bytes = (kMaxThreads / 32 + 1) * static_cast<int64_t>(sizeof(float));
-  const bool fits =
-      m <= 32 * kMaxEntriesPerLane && smem_bytes + static_bytes <= shared_memory_limit();
+  const bool fits = a.scalar_type() == at::kFloat && m <= 32 * kMaxEntriesPerLane &&
+                    smem_bytes + static_bytes <= shared_memory_limit();
   if (!fits) return newton_schulz_batched_matmul(a, iters, eps, with_residual);
   TORCH_CHECK(batch < (int64_t{1} << 31), "newton_schulz_inverse: batch too large");
-  at::Tensor v = at::empty(a.sizes(), options);
-  at::Tensor residual = at::empty({with_residual ? batch : 0}, options);
+  at::Tensor v = at::empty(a.sizes(), a.options());
+  at::Tensor residual = at::empty({with_residual ? batch : 0}, a.options());
   const int threads = static_cast<int>(std::min<int64_t>(kMaxThreads, 32 * m));  // a warp per row
   const auto stream = at::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_V2(a.scalar_type(), "newton_schulz_inverse_cuda", AT_WRAP([&] {
-    auto kernel = newton_schulz_shared_kernel<scalar_t>;
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem_bytes)));
-    kernel<<<static_cast<unsigned int>(batch), threads, smem_bytes, stream>>>(
-        a.const_data_ptr<scalar_t>(), v.mutable_data_ptr<float>(),
-        with_residual ? residual.mutable_data_ptr<float>() : nullptr, static_cast<int>(m),
-        static_cast<int>(iters), static_cast<float>(eps));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }), at::kFloat, at::kHalf, at::kBFloat16);
+  C10_CUDA_CHECK(cudaFuncSetAttribute(newton_schulz_shared_kernel,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem_bytes)));
+  newton_schulz_shared_kernel<<<static_cast<unsigned int>(batch), threads, smem_bytes, stream>>>(
+      a.const_data_ptr<float>(), v.mutable_data_ptr<float>(),
+      with_residual ? residual.mutable_data_ptr<float>() : nullptr, static_cast<int>(m),
+      static_cast<int>(iters), static_cast<float>(eps));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {v, residual};
+}
+
+at::Tensor newton_schulz_inverse_backward_cuda(const at::Tensor& grad_v, const at::Tensor& a,
+                                               int64_t iters, double eps) {
+  const c10::cuda::CUDAGuard guard(a.device());
+  return newton_schulz_backward_batched_matmul(grad_v, a, iters, eps);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(mmlinattn, CUDA, m) {
   m.impl("newton_schulz_inverse", &newton_schulz_inverse_cuda);
+  m.impl("newton_schulz_inverse_backward", &newton_schulz_inverse_backward_cuda);
 }
 
 }  // namespace mmlinattn::newton_schulz

@@ -1,0 +1,176 @@
+"""The ops and the backbones under torch.compile, torch.export and the dynamo ONNX exporter.
+
+Fast tier: the three compiled ops in one fullgraph compile (AOT autograd with their fake kernels,
+forward and backward, a second size without recompiling) and every backbone family captured by
+dynamo without a graph break. Slow tier (CPU compiles take minutes): each backbone family compiled
+with inductor (fullgraph, dynamic shapes) forward and backward against eager, exported with
+torch.export at two sizes, and exported to ONNX by the dynamo exporter and checked in onnxruntime.
+CUDA (``cuda`` marker, run by tools/gpu_check.sh): the inductor compile of each family on the GPU.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mmlinattn.models.backbones import LaplacianFormer, PolaPVT, PolaSwin
+from mmlinattn.ops import laplacian_kernel, newton_schulz_inverse, polarity_linear_attention
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Small members of each family (one block per stage), with inputs in one regime of their
+# size-dependent branches (landmark cap, Swin's shift), so that a dynamic graph serves both sizes.
+BACKBONES = {
+    'LaplacianFormer': (lambda: LaplacianFormer(
+        arch=dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4], depths=[1, 1, 1, 1]),
+        drop_path_rate=0.0, max_landmark_grid=7), [(96, 128), (128, 160)]),
+    'PolaPVT': (lambda: PolaPVT(arch=dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4],
+                                          depths=[1, 1, 1, 1]), drop_path_rate=0.0),
+                [(96, 128), (128, 160)]),
+    'PolaSwin': (lambda: PolaSwin(arch=dict(embed_dims=32, depths=[1, 1, 2, 1],
+                                            num_heads=[1, 2, 4, 8]), drop_path_rate=0.0),
+                 [(256, 320), (288, 352)]),
+}
+
+
+def relative_error(actual, expected):
+    return ((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-30)).item()
+
+
+def ops_chain(q, landmarks, v, power):
+    """The three ops as LaplacianFormer and PolaFormer use them."""
+    cross = laplacian_kernel(q, landmarks)
+    inverse = newton_schulz_inverse(laplacian_kernel(landmarks, landmarks))
+    mixed = cross @ (inverse @ (cross.transpose(-2, -1) @ v))
+    return polarity_linear_attention(mixed, q, v, power)
+
+
+def ops_inputs(tokens, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 2, tokens, 16, generator=gen) / 4
+    landmarks = torch.randn(2, 2, 9, 16, generator=gen) / 4
+    v = torch.randn(2, 2, tokens, 16, generator=gen)
+    power = 1 + 4 * torch.rand(2, 16, generator=gen)
+    return [t.requires_grad_() for t in (q, landmarks, v, power)]
+
+
+def forward_backward(fn, inputs):
+    out = fn(*inputs)
+    grads = torch.autograd.grad(out.square().sum(), inputs)
+    return (out, ) + grads
+
+
+def test_ops_compile_fullgraph_with_dynamic_shapes(compiled_ops):
+    """fullgraph=True: no graph break around the ops (their fake kernels give the shapes, their
+    autograd formulas the backward); a second token count runs without recompiling."""
+    torch._dynamo.reset()
+    compiled_fn = torch.compile(ops_chain, fullgraph=True, dynamic=True, backend='aot_eager')
+    for step, tokens in enumerate((50, 77)):
+        inputs = ops_inputs(tokens, seed=step)
+        got = forward_backward(compiled_fn, inputs)
+        expected = forward_backward(ops_chain, inputs)
+        for name, a, b in zip(('out', 'dq', 'dlandmarks', 'dv', 'dpower'), got, expected):
+            assert relative_error(a, b) <= 1e-6, name
+        if step == 0:
+            torch.compiler.set_stance('fail_on_recompile')
+    torch.compiler.set_stance('default')
+
+
+@pytest.mark.parametrize('family', list(BACKBONES))
+def test_backbones_have_no_graph_break(compiled_ops, family):
+    """dynamo captures each family in one graph (the ops are operators, no host sync, no value-
+    dependent branch)."""
+    factory, sizes = BACKBONES[family]
+    torch.manual_seed(0)
+    model = factory().train()
+    explanation = torch._dynamo.explain(model)(torch.randn(1, 3, *sizes[0]))
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
+# ---- slow tier ---------------------------------------------------------------------------------
+
+
+def check_compile_matches_eager(family, device):
+    """torch.compile(fullgraph=True, dynamic=True), inductor: forward and backward equal to eager
+    (fp32, 1e-5 relative), and the second input size reuses the graph."""
+    factory, sizes = BACKBONES[family]
+    torch.manual_seed(0)
+    model = factory().to(device).train()
+    torch._dynamo.reset()
+    compiled_model = torch.compile(model, fullgraph=True, dynamic=True)
+    try:
+        for step, size in enumerate(sizes):
+            image = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(step))
+            image = image.to(device)
+            results = []
+            for run in (compiled_model, model):
+                model.zero_grad()
+                outs = run(image)
+                sum(o.square().mean() for o in outs).backward()
+                grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+                results.append(([o.detach() for o in outs], grads))
+            (outs_c, grads_c), (outs_e, grads_e) = results
+            for i, (a, b) in enumerate(zip(outs_c, outs_e)):
+                assert relative_error(a, b) <= 1e-5, f'{family} {size} output {i}'
+            for name, grad in grads_e.items():
+                assert relative_error(grads_c[name], grad) <= 1e-5, f'{family} {size} {name}'
+            if step == 0:
+                torch.compiler.set_stance('fail_on_recompile')
+    finally:
+        torch.compiler.set_stance('default')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('family', list(BACKBONES))
+def test_backbone_compile_matches_eager(compiled_ops, family):
+    check_compile_matches_eager(family, 'cpu')
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('family', list(BACKBONES))
+def test_backbone_compile_matches_eager_cuda(compiled_ops, family):
+    check_compile_matches_eager(family, 'cuda')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('family', list(BACKBONES))
+def test_backbone_torch_export(compiled_ops, family):
+    """torch.export with dynamic H and W: the program holds the mmlinattn operators and matches
+    eager at both sizes."""
+    factory, sizes = BACKBONES[family]
+    torch.manual_seed(0)
+    model = factory().eval()
+    height, width = torch.export.Dim.AUTO, torch.export.Dim.AUTO
+    program = torch.export.export(model, (torch.randn(1, 3, *sizes[0]), ),
+                                  dynamic_shapes=({2: height, 3: width}, ))
+    targets = {str(node.target) for node in program.graph.nodes if node.op == 'call_function'}
+    assert any(t.startswith('mmlinattn.') for t in targets), sorted(targets)
+    for size in sizes:
+        image = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            expected = model(image)
+        got = program.module()(image)
+        for a, b in zip(got, expected):
+            assert relative_error(a, b) <= 1e-5, f'{family} {size}'
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('config,shapes', [
+    ('configs/mask_rcnn_laplacian_tiny_1x_coco.py', ['320', '384', '256', '256']),
+    ('configs/mask_rcnn_pola_pvt_tiny_1x_coco.py', ['256', '320', '224', '288']),
+    ('configs/mask_rcnn_pola_swin_tiny_1x_coco.py', ['256', '320', '288', '352']),
+])
+def test_dynamo_onnx_export_runs_in_onnxruntime(tmp_path, config, shapes):
+    """tools/export_onnx.py with the dynamo exporter: the graph (standard operators only) matches
+    PyTorch in onnxruntime at the traced size and another one."""
+    out = tmp_path / 'model.onnx'
+    cmd = [sys.executable, 'tools/export_onnx.py', config, '--out', str(out), '--exporter',
+           'dynamo', '--shape', *shapes[:2], '--check-shape', *shapes[2:]]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert 'OK: onnxruntime matches PyTorch' in proc.stdout
+    import onnx
+    graph_ops = {node.op_type for node in onnx.load(str(out)).graph.node}
+    assert not any('mmlinattn' in op for op in graph_ops), graph_ops

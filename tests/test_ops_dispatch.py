@@ -1,0 +1,96 @@
+"""Dispatch of the ops (mmlinattn/ops/dispatch.py): the dtype rules, the once-per-reason fallback
+warning, MMLINATTN_OPS, and a package without its extension."""
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+from mmlinattn.ops import FallbackWarning, dispatch, laplacian_kernel, newton_schulz_inverse
+from mmlinattn.ops.validation import compute_dtype, promote
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_one_dtype_rule():
+    assert compute_dtype(torch.float64) == torch.float64
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        assert compute_dtype(dtype) == torch.float32
+    assert promote(torch.ones(1, dtype=torch.float16), torch.ones(1)) == torch.float32
+    assert promote(torch.ones(1), torch.ones(1, dtype=torch.float64)) == torch.float64
+    for op in dispatch.KERNEL_DTYPES:  # half inputs on the CPU run the fp32 kernel
+        assert dispatch.kernel_dtype(op, 'cpu', torch.bfloat16) == torch.float32
+        assert dispatch.kernel_dtype(op, 'cpu', torch.float64) == torch.float64
+    assert dispatch.kernel_dtype('laplacian_kernel', 'cuda', torch.float64) is None
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    """Forget which fallbacks were already reported, so this test sees its own warning."""
+    monkeypatch.setattr(dispatch, '_warned', set())
+    monkeypatch.setenv('MMLINATTN_OPS', 'auto')
+
+
+def test_fallback_says_why_once_per_reason(fresh_warnings):
+    """A device without compiled kernels ('meta' here) runs the reference, and says so once."""
+    q = torch.empty(1, 2, 5, 4, device='meta')
+    with pytest.warns(FallbackWarning, match=r"laplacian_kernel has no compiled kernel for device "
+                      r"'meta'; laplacian_kernel runs its pure-PyTorch reference"):
+        out = laplacian_kernel(q, q)
+    assert out.shape == (1, 2, 5, 5) and out.device.type == 'meta'
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', FallbackWarning)
+        laplacian_kernel(q, q)  # the same reason: silent
+    with pytest.warns(FallbackWarning, match='newton_schulz_inverse has no compiled kernel'):
+        newton_schulz_inverse(torch.empty(3, 4, 4, device='meta'))
+
+
+def test_compiled_mode_makes_a_fallback_an_error(monkeypatch):
+    monkeypatch.setenv('MMLINATTN_OPS', 'compiled')
+    with pytest.raises(RuntimeError, match="MMLINATTN_OPS=compiled but laplacian_kernel has no "
+                       "compiled kernel for device 'meta'"):
+        laplacian_kernel(torch.empty(1, 1, 2, 3, device='meta'), torch.empty(1, 1, 2, 3,
+                                                                             device='meta'))
+
+
+def test_bad_mode_raises_value_error(monkeypatch):
+    monkeypatch.setenv('MMLINATTN_OPS', 'fast')
+    with pytest.raises(ValueError, match=r"MMLINATTN_OPS must be one of \('auto', 'reference', "
+                       r"'compiled'\), got 'fast'"):
+        laplacian_kernel(torch.ones(1, 1, 2, 3), torch.ones(1, 1, 2, 3))
+
+
+@pytest.mark.parametrize('setup,reason', [
+    ("sys.modules['mmlinattn._ext'] = None  # importing it now raises ImportError",
+     'the extension mmlinattn._ext is not built'),
+    ("torch.__version__ = torch.torch_version.TorchVersion('2.1.2')",
+     'the extension mmlinattn._ext is not used: torch 2.1.2 lacks torch.library.register_fake'),
+])
+def test_without_the_extension_the_reference_runs(setup, reason):
+    """An unbuilt (or broken) extension, or a torch too old for its operators: the package imports,
+    extension_status() says why, the ops run their references after one FallbackWarning, and their
+    results are the references'."""
+    script = f'''
+import sys, warnings
+import torch
+{setup}
+from mmlinattn.ops import (FallbackWarning, extension_status, laplacian_kernel,
+                           newton_schulz_inverse, polarity_linear_attention)
+from mmlinattn.ops import reference
+assert extension_status().startswith('not loaded: {reason}'), extension_status()
+q = torch.randn(1, 2, 6, 4)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always')
+    out = laplacian_kernel(q, q)
+    v = newton_schulz_inverse(out)
+    y = polarity_linear_attention(q, q, q, torch.ones(2, 4) * 2)
+fallbacks = [w for w in caught if issubclass(w.category, FallbackWarning)]
+assert len(fallbacks) == 1 and '{reason}' in str(fallbacks[0].message), fallbacks
+assert torch.equal(out, reference.laplacian_kernel_reference(q, q, 4.0))
+assert torch.equal(v, reference.newton_schulz_inverse_reference(out, 20, 1e-2))
+assert torch.equal(y, reference.polarity_linear_attention_reference(q, q, q, torch.ones(2, 4) * 2))
+'''
+    env = dict(os.environ, MMLINATTN_OPS='auto')
+    subprocess.run([sys.executable, '-c', script], check=True, env=env, cwd=REPO_ROOT)
