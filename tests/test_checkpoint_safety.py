@@ -401,6 +401,7 @@ def test_resume_continues_exactly_and_load_from_loads(tmp_path):
 SNAPSHOT = r'''
 import json, pickle
 import torch, numpy, mmcv.cnn, mmengine.logging, mmengine.model, mmengine.runner  # mmlinattn's deps
+import torch._dynamo  # the ops' torch.library registration loads it, and with it torch's own safe globals
 import mmdet.registry, mmseg.registry, mmpretrain.registry
 import mmengine.registry as registry
 from mmengine.runner.checkpoint import CheckpointLoader
