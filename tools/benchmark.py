@@ -22,7 +22,7 @@ for path in (os.path.dirname(TOOLS_DIR), TOOLS_DIR):
 import torch  # noqa: E402
 
 from benchmarks import backbones, learning, plot, solver  # noqa: E402
-from benchmarks.common import environment, format_table, run_module, write_json  # noqa: E402
+from benchmarks.common import environment, publish, run_module  # noqa: E402
 
 OP_BENCHMARKS = [
     'benchmarks.ops_laplacian',
@@ -56,12 +56,7 @@ def run_ops(args: argparse.Namespace) -> int:
     for name in modules:
         print(f'{name}:')
         sections.append(run_module(name, args.device, args.repeats))
-    for section in sections:
-        print()
-        print(format_table(section))
-    if args.out:
-        write_json(args.out, sections, meta)
-        print(f'\nJSON written to {args.out}')
+    publish(sections, args.out, meta)
     return 0
 
 

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from benchmarks.common import (Case, Measurement, Section, cpu_peak_mb, cuda_peak_mb, environment,
-                               format_table, write_json)
+                               publish)
 
 BATCH = 1
 SIZES = {'224^2': (224, 224), '512^2': (512, 512), '800x1333': (800, 1333),
@@ -242,9 +242,5 @@ def main(args: argparse.Namespace) -> int:
             print(f'  {case.name}: {res.time_ms:.1f} ms (CPU {res.cpu_ms:.1f} ms), '
                   f'peak {peak} MiB', flush=True)
     section = summarise(results, args.device)
-    print()
-    print(format_table(section))
-    if args.out:
-        write_json(args.out, [section], meta)
-        print(f'\nJSON written to {args.out}')
+    publish([section], args.out, meta)
     return 0

@@ -197,6 +197,16 @@ def write_json(path: str, sections: List[Section], meta: Dict[str, Any]) -> None
         json.dump(payload, f, indent=2)
 
 
+def publish(sections: List[Section], out: Optional[str], meta: Dict[str, Any]) -> None:
+    """Print each section as a table; with ``out``, also write them and ``meta`` as JSON there."""
+    for section in sections:
+        print()
+        print(format_table(section))
+    if out:
+        write_json(out, sections, meta)
+        print(f'\nJSON written to {out}')
+
+
 def _child_main(argv: List[str]) -> None:
     module_name, case_name = argv
     module = importlib.import_module(module_name)

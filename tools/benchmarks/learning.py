@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from benchmarks.common import REPO_ROOT, Section, environment, format_table, write_json
+from benchmarks.common import REPO_ROOT, Section, environment, publish
 
 CONFIGS = os.path.join(REPO_ROOT, 'configs')
 LAPLACIAN = os.path.join(CONFIGS, 'laplacianformer_tiny_8xb128_in1k.py')
@@ -316,11 +316,7 @@ def main(args: argparse.Namespace) -> int:
                    for seed in args.seeds]
         meta['load_after'] = os.getloadavg()
     section = summarise(results, schedule)
-    print()
-    print(format_table(section))
-    if args.out:
-        write_json(args.out, [section], dict(meta, results=results))
-        print(f'\nJSON written to {args.out}')
+    publish([section], args.out, dict(meta, results=results))
     if args.plot:
         plot(results, schedule, args.plot)
         print(f'figure written to {args.plot}')

@@ -32,7 +32,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from benchmarks.common import REPO_ROOT, Section, environment, format_table, write_json
+from benchmarks.common import REPO_ROOT, Section, environment, publish
 
 DEFAULT_CONFIG = os.path.join(REPO_ROOT, 'configs', 'laplacianformer_tiny_8xb128_in1k.py')
 THRESHOLD = 1e-3  # the residual the "steps to" columns count up to
@@ -273,11 +273,7 @@ def main(args: argparse.Namespace) -> int:
         print(f'  {case.name}: {tuple(case.gram.shape)}, NS residual {results[-1]["ns_residual"][-1]:.2e}, '
               f'CG residual {results[-1]["cg_residual"][-1]:.2e}')
     section = summarise(results, args.max_iters)
-    print()
-    print(format_table(section))
-    if args.out:
-        write_json(args.out, [section], dict(meta, results=results))
-        print(f'\nJSON written to {args.out}')
+    publish([section], args.out, dict(meta, results=results))
     if args.plot:
         weights = 'checkpoint' if args.checkpoint else 'random weights'
         plot(results, args.plot, f'Landmark solvers, fp32 (model systems: LaplacianFormer-T, '
