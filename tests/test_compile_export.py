@@ -167,16 +167,36 @@ def test_backbone_compile_matches_eager_cuda(compiled_ops, family):
     check_compile_matches_eager(family, 'cuda')
 
 
+# The compiled operators each family's exported program must hold.
+EXPORTED_OPERATORS = {
+    'LaplacianFormer': {'mmlinattn.laplacian_kernel_forward.default',
+                        'mmlinattn.newton_schulz_inverse.default'},
+    'PolaPVT': {'mmlinattn.polarity_linear_attention_forward.default'},
+    'PolaSwin': {'mmlinattn.polarity_linear_attention_forward.default'},
+}
+
+
+def program_operators(program) -> set:
+    """The call_function targets of an exported program, subgraphs included: the attention's
+    ``torch.autocast(enabled=False)`` region is a ``wrap_with_autocast`` subgraph holding the op."""
+    return {str(node.target) for module in program.graph_module.modules()
+            if isinstance(module, torch.fx.GraphModule)
+            for node in module.graph.nodes if node.op == 'call_function'}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('family', CPU_EXPORT_FAMILIES)
 def test_backbone_torch_export(compiled_ops, family):
-    """torch.export with dynamic H and W: the program matches eager at both sizes."""
+    """torch.export with dynamic H and W: the program calls the compiled operators (not their
+    references) and matches eager at both sizes."""
     factory, sizes = BACKBONES[family]
     torch.manual_seed(0)
     model = factory().eval()
     height, width = torch.export.Dim.AUTO, torch.export.Dim.AUTO
     program = torch.export.export(model, (torch.randn(2, 3, *sizes[0]), ),
                                   dynamic_shapes=({2: height, 3: width}, ))
+    missing = EXPORTED_OPERATORS[family] - program_operators(program)
+    assert not missing, f'{family}: the exported program lacks {sorted(missing)}'
     for size in sizes:
         image = torch.randn(2, 3, *size)
         with torch.no_grad():
