@@ -2,13 +2,15 @@
 
 :func:`load_checkpoint_file` reads a local file with
 1. ``torch.load(weights_only=True)`` with :data:`MMENGINE_CHECKPOINT_GLOBALS` allow-listed for that
-   load: plain weights and mmengine's own checkpoints (resume, ``load_from``);
+   load: plain weights and mmengine's own checkpoints (resume, ``load_from``); torch < 2.5 has no
+   such allow-list and goes straight to 2.;
 2. if torch refuses a global, the restricted unpickler (:mod:`mmlinattn.restricted_unpickler`): the
    tensors and plain data as stored, every other object as an inert :class:`UnloadedObject` (the
    yacs config and argparse namespaces of the official PolaFormer files), with a warning naming
    their classes; a file that would call anything fails with :class:`UnsafeCheckpointError`;
 3. only with ``unsafe_trust_checkpoint=True``, a full unpickle, with a warning naming the file.
-Other schemes (``http://``, ``open-mmlab://``, ...) go through mmengine's loader, weights-only.
+Other schemes (``http://``, ``open-mmlab://``, ...) go through mmengine's loader, weights-only
+(refused on torch < 2.5, where that loader would unpickle fully).
 
 :func:`safe_checkpoint_loading` makes mmengine's own loading (the Runner's resume and ``load_from``,
 ``load_checkpoint``) use the same policy inside a ``with`` block; the plugin's tools run in one.
@@ -31,6 +33,10 @@ from mmlinattn.restricted_unpickler import (MMENGINE_CHECKPOINT_GLOBALS, Unloade
 __all__ = ['load_checkpoint_file', 'safe_checkpoint_loading', 'MMENGINE_CHECKPOINT_GLOBALS',
            'UnloadedObject', 'UnsafeCheckpointError']
 
+# torch.serialization.safe_globals (torch >= 2.5). Without it the restricted unpickler, which
+# allows the same globals, reads every local file, and remote files are refused.
+_SAFE_GLOBALS = getattr(torch.serialization, 'safe_globals', None)
+
 OPT_IN = ('If you trust the file, load it with --unsafe-trust-checkpoint (tools/train.py, test.py, '
           'convert_checkpoint.py) or unsafe_trust_checkpoint=True (a Pretrained init_cfg, '
           'mmlinattn.checkpoint.load_checkpoint_file).')
@@ -46,7 +52,11 @@ def load_checkpoint_file(filename: str, map_location='cpu', unsafe_trust_checkpo
         if unsafe_trust_checkpoint:
             raise ValueError(f'unsafe_trust_checkpoint applies to local files; download {filename} '
                              'and pass its path')
-        with torch.serialization.safe_globals(MMENGINE_CHECKPOINT_GLOBALS):
+        if _SAFE_GLOBALS is None:  # torch.load there unpickles fully by default
+            raise ValueError(f'{filename}: torch {torch.__version__} has no weights-only loading '
+                             'with an allow-list (torch >= 2.5), so mmlinattn reads local files '
+                             'only there; download it and pass its path')
+        with _SAFE_GLOBALS(MMENGINE_CHECKPOINT_GLOBALS):
             return CheckpointLoader.load_checkpoint(filename, map_location=map_location,
                                                     logger='current')
     path = osp.expanduser(filename)
@@ -56,11 +66,12 @@ def load_checkpoint_file(filename: str, map_location='cpu', unsafe_trust_checkpo
         print_log(f'mmlinattn: fully unpickling {filename} (unsafe_trust_checkpoint): it can run '
                   'any code it holds', logger='current', level=logging.WARNING)
         return torch.load(path, map_location=map_location, weights_only=False)
-    try:
-        with torch.serialization.safe_globals(MMENGINE_CHECKPOINT_GLOBALS):
-            return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError:
-        pass  # a global beyond the allow-list: read it with the restricted unpickler
+    if _SAFE_GLOBALS is not None:
+        try:
+            with _SAFE_GLOBALS(MMENGINE_CHECKPOINT_GLOBALS):
+                return torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError:
+            pass  # a global beyond the allow-list: read it with the restricted unpickler
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=False,
                                 pickle_module=restricted_unpickler)
@@ -93,7 +104,8 @@ def safe_checkpoint_loading(trusted_checkpoint: Optional[str] = None):
     previous = schemes['']
     schemes[''] = load_from_mmlinattn
     try:
-        with torch.serialization.safe_globals(MMENGINE_CHECKPOINT_GLOBALS):
+        with (contextlib.nullcontext() if _SAFE_GLOBALS is None
+              else _SAFE_GLOBALS(MMENGINE_CHECKPOINT_GLOBALS)):
             yield
     finally:
         schemes[''] = previous

@@ -12,14 +12,27 @@ for path in (ROOT, os.path.join(ROOT, 'tools')):  # the checkout's package; the 
         sys.path.insert(0, path)
 
 
+def needs_compiled_ops(item) -> bool:
+    """A test of the compiled operators: it uses the ``compiled_ops`` fixture, carries the
+    ``compiled_ops`` marker or runs with a parameter ``'compiled'`` (MMLINATTN_OPS modes)."""
+    params = getattr(item, 'callspec', None)
+    return ('compiled_ops' in item.fixturenames or 'compiled_ops' in item.keywords or any(
+        isinstance(value, str) and value == 'compiled' for value in (params.params.values() if params else ())))
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
-    if torch.cuda.is_available():
-        return
-    skip_cuda = pytest.mark.skip(reason='needs a CUDA device')
+    from mmlinattn.ops.torch_compat import missing_library_api
+    skips = []
+    if not torch.cuda.is_available():
+        skips.append((lambda item: 'cuda' in item.keywords, pytest.mark.skip(reason='needs a CUDA device')))
+    too_old = missing_library_api()  # not a build problem: such a torch runs the references by design
+    if too_old:
+        skips.append((needs_compiled_ops, pytest.mark.skip(reason=f'needs the compiled operators: {too_old}')))
     for item in items:
-        if 'cuda' in item.keywords:
-            item.add_marker(skip_cuda)
+        for applies, skip in skips:
+            if applies(item):
+                item.add_marker(skip)
 
 
 @pytest.fixture

@@ -334,6 +334,27 @@ def test_other_schemes_load_through_mmengine_weights_only(tmp_path, monkeypatch)
     assert not marker.exists()
 
 
+def test_without_torchs_allow_list_the_restricted_unpickler_reads_everything(tmp_path, monkeypatch):
+    """torch < 2.5 has no torch.serialization.safe_globals: local files (mmengine's objects
+    included) load through the restricted unpickler alone, code is still refused, and remote
+    files, which mmengine's loader would fully unpickle there, are refused naming the way out."""
+    from mmlinattn import checkpoint
+    monkeypatch.setattr(checkpoint, '_SAFE_GLOBALS', None)
+    path = str(tmp_path / 'iter_2.pth')
+    optimizer = save_mmengine_like(path)
+    with mmengine_log() as messages:
+        check_mmengine_like(load_checkpoint_file(path), optimizer)
+        with safe_checkpoint_loading():
+            check_mmengine_like(CheckpointLoader.load_checkpoint(path), optimizer)
+    assert not [m for m in messages if 'UnloadedObject' in m]
+    malicious, marker = save_malicious(tmp_path)
+    with pytest.raises(UnsafeCheckpointError, match='would run code'):
+        load_checkpoint_file(malicious)
+    with pytest.raises(ValueError, match='reads local files only there; download it'):
+        load_checkpoint_file(f'http://example.invalid/{os.path.basename(path)}')
+    assert not marker.exists()
+
+
 @pytest.mark.parametrize('attribute', ['update', '__init__'])
 def test_getattr_resolves_only_the_history_buffer_statistics(tmp_path, attribute):
     path = str(tmp_path / 'getattr.pth')

@@ -33,6 +33,7 @@ def fresh_warnings(monkeypatch):
     monkeypatch.setenv('MMLINATTN_OPS', 'auto')
 
 
+@pytest.mark.compiled_ops  # with the extension loaded, the reason is the device
 def test_fallback_says_why_once_per_reason(fresh_warnings):
     """A device without compiled kernels ('meta' here) runs the reference, and says so once."""
     q = torch.empty(1, 2, 5, 4, device='meta')
@@ -47,6 +48,7 @@ def test_fallback_says_why_once_per_reason(fresh_warnings):
         newton_schulz_inverse(torch.empty(3, 4, 4, device='meta'))
 
 
+@pytest.mark.compiled_ops
 def test_compiled_mode_makes_a_fallback_an_error(monkeypatch):
     monkeypatch.setenv('MMLINATTN_OPS', 'compiled')
     with pytest.raises(RuntimeError, match="MMLINATTN_OPS=compiled but laplacian_kernel has no "
@@ -63,8 +65,12 @@ def test_bad_mode_raises_value_error(monkeypatch):
 
 
 @pytest.mark.parametrize('setup,reason', [
-    ("sys.modules['mmlinattn._ext'] = None  # importing it now raises ImportError",
-     'the extension mmlinattn._ext is not built'),
+    pytest.param("sys.modules['mmlinattn._ext'] = None  # importing it now raises ImportError",
+                 'the extension mmlinattn._ext is not built', marks=pytest.mark.compiled_ops),
+    pytest.param("import types; sys.modules['mmlinattn._ext'] = types.ModuleType('mmlinattn._ext')"
+                 "  # an extension that defines none of the operators",
+                 'the extension mmlinattn._ext was built from other sources (it lacks the operators '
+                 'laplacian_kernel_forward', marks=pytest.mark.compiled_ops),
     ("torch.__version__ = torch.torch_version.TorchVersion('2.1.2')",
      'the extension mmlinattn._ext is not used: torch 2.1.2 lacks torch.library.register_fake'),
 ])

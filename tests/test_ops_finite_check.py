@@ -7,6 +7,7 @@ from torch import nn
 
 from mmlinattn.models.backbones import LaplacianFormer, PolaPVT, PolaSwin
 from mmlinattn.ops import set_finite_checks
+from mmlinattn.ops.torch_compat import missing_library_api
 
 SMALL = {
     'LaplacianFormer': lambda: LaplacianFormer(
@@ -47,17 +48,19 @@ def checks_follow_env(monkeypatch):
 @pytest.mark.parametrize('family', list(SMALL))
 def test_nan_image_gives_nan_outputs_in_every_implementation(monkeypatch, family):
     """Image 1 has one NaN pixel: its outputs are NaN, image 0's are finite, no exception, and the
-    compiled ops and the references give the same NaN pattern (train mode: batch statistics)."""
+    compiled ops and the references give the same NaN pattern (train mode: batch statistics).
+    A torch too old for the compiled operators runs (and checks) the references only."""
     torch.manual_seed(0)
     model = SMALL[family]()
     image = image_with_nan()
     patterns = {}
-    for mode in ('compiled', 'reference'):
+    modes = ('reference', ) if missing_library_api() else ('compiled', 'reference')
+    for mode in modes:
         monkeypatch.setenv('MMLINATTN_OPS', mode)
         outs = model(image)
         assert all(o[1].isnan().any() for o in outs), family
         patterns[mode] = [o.isnan() for o in outs]
-    assert all(torch.equal(a, b) for a, b in zip(patterns['compiled'], patterns['reference']))
+    assert all(torch.equal(a, b) for a, b in zip(patterns[modes[0]], patterns['reference']))
     outs = SMALL[family]().eval()(image)  # a fresh model: train mode put NaN in the BN statistics
     assert all(torch.isfinite(o[0]).all() and o[1].isnan().any() for o in outs)
 

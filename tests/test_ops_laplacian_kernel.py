@@ -287,6 +287,7 @@ def test_opcheck(compiled, dtype):
                                need_dk))
 
 
+@pytest.mark.compiled_ops
 def test_portable_kernels_match_reference(tmp_path):
     """The portable kernels (CPUs without AVX-512) on the odd shapes, in a child process with
     ATEN_CPU_CAPABILITY=default, the switch that also selects torch's own baseline kernels."""

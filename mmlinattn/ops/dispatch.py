@@ -60,6 +60,10 @@ def _load_extension() -> Optional[str]:
         return (f'the extension mmlinattn._ext is not built ({err}); build it with '
                 '`pip install -e . --no-build-isolation`')
     from . import library
+    missing = library.missing_operators()
+    if missing:
+        return (f'the extension mmlinattn._ext was built from other sources (it lacks the operators '
+                f'{", ".join(missing)}); rebuild it with `pip install -e . --no-build-isolation`')
     library.register()
     return None
 

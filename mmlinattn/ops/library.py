@@ -89,9 +89,14 @@ def _polarity_backward(ctx, grad_out, grad_state, grad_den):
     return dq, dk, dv, dpower.to(power.dtype), None
 
 
-def register() -> None:
-    """Register the fake kernels and autograd formulas (the extension must be loaded)."""
-    fakes = {
+def missing_operators() -> list:
+    """The operators this package registers that the loaded extension does not define (an
+    extension built from other sources, e.g. before a ``git pull``)."""
+    return [name for name in _fake_kernels() if not hasattr(getattr(torch.ops, _LIB), name)]
+
+
+def _fake_kernels() -> dict:
+    return {
         'laplacian_kernel_forward': _fake_laplacian_forward,
         'laplacian_kernel_backward': _fake_laplacian_backward,
         'newton_schulz_inverse': _fake_newton_schulz,
@@ -99,7 +104,12 @@ def register() -> None:
         'polarity_linear_attention_forward': _fake_polarity_forward,
         'polarity_linear_attention_backward': _fake_polarity_backward,
     }
-    for name, fake in fakes.items():
+
+
+def register() -> None:
+    """Register the fake kernels and autograd formulas (the extension must be loaded and define
+    every operator, see :func:`missing_operators`)."""
+    for name, fake in _fake_kernels().items():
         torch.library.register_fake(f'{_LIB}::{name}', fake)
     autograd = {
         'laplacian_kernel_forward': (_laplacian_backward, _laplacian_setup),
