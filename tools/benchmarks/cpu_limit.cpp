@@ -3,8 +3,11 @@
 // output, no exp and no loop bookkeeping beyond the kernels' own, on every OpenMP thread.
 //   forward  : per channel, 4 query rows x 2 key vectors: |q - k| accumulated (sub, abs, fma)
 //   backward : per channel vector, 4 rows x 4 keys: s = g sign(q - k); dq -= s; dk += s
+//   fma      : 12 independent fp32 FMA chains in registers, the arithmetic peak (the ceiling of
+//              any product-based kernel, e.g. the Newton-Schulz steps)
 // Prints one JSON line: element-ops per second (one |q_ic - k_jc| term; the backward counts its
-// dq and dk terms, 2 per pair and channel) for the forward, the backward, and the thread count.
+// dq and dk terms, 2 per pair and channel) for the forward, the backward, fp32 flops per second
+// (an FMA = 2) for the FMA peak, and the thread count.
 // Built and run by tools/benchmarks/ops_laplacian.py (g++ -O3 -march=native -fopenmp).
 #include <immintrin.h>
 #include <omp.h>
@@ -84,8 +87,24 @@ double backward_rate() {
   return double(kRepeats) * 4 * 4 * 32 * 2 / seconds;  // dq and dk terms
 }
 
+double fma_rate() {
+  constexpr int kChains = 12;
+  __m512 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(1.f + 1e-7f * i);
+  const __m512 b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  const auto start = std::chrono::steady_clock::now();
+  for (int rep = 0; rep < 64 * kRepeats; ++rep)
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], b, c);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  float sink = 0;
+  for (auto& a : acc) sink += _mm512_reduce_add_ps(a);
+  if (sink == 1.2345f) std::printf(" ");
+  return 64.0 * kRepeats * kChains * 16 * 2 / seconds;
+}
+
 int main() {
-  double forward = 0, backward = 0;
+  double forward = 0, backward = 0, fma = 0;
   int threads = 1;
 #pragma omp parallel reduction(+ : forward, backward)
   {
@@ -94,9 +113,11 @@ int main() {
     forward += forward_rate();
 #pragma omp barrier
     backward += backward_rate();
+#pragma omp barrier
+    fma += fma_rate();
   }
-  std::printf("{\"forward\": %.4g, \"backward\": %.4g, \"threads\": %d}\n", forward, backward,
-              threads);
+  std::printf("{\"forward\": %.4g, \"backward\": %.4g, \"fma_flops\": %.4g, \"threads\": %d}\n",
+              forward, backward, fma, threads);
   return 0;
 }
 #endif

@@ -14,7 +14,9 @@ Without g++ or AVX-512 the limit columns stay empty.
 
 newton_schulz_inverse (20 steps) at M = 49 and 256, batch 64: forward against torch.linalg.inv
 and torch.linalg.pinv of the same P = a + eps*I, and forward+backward against the pure-PyTorch
-reference iteration (autograd through its steps, the gradient both compute).
+reference iteration (autograd through its steps, the gradient both compute). Its bound: every step
+after the first costs at least 3 M^3 flops (``T = V P`` in full, the symmetric ``2V - T V`` as its
+upper half), timed against the FMA peak that ``cpu_limit.cpp`` also measures.
 """
 import json
 import os
@@ -35,11 +37,12 @@ KERNEL_SHAPES = {'224^2 (N=56^2, M=49)': (2, 2, 56 * 56, 49, 32),
                  '512^2 (N=128^2, M=256)': (2, 2, 128 * 128, 256, 32)}
 NS_SIZES = (49, 256)
 NS_BATCH = 64
+NS_ITERS = 20
 KERNEL_IMPLS = {'compiled': laplacian_kernel,
                 'cdist+exp': lambda q, k, lam: torch.exp(torch.cdist(q, k, p=1) * (-1.0 / lam))}
 NS_FORWARD = {
-    'compiled': lambda a: newton_schulz_inverse(a, iters=20, eps=EPS),
-    'reference': lambda a: newton_schulz_inverse_reference(a, 20, EPS),
+    'compiled': lambda a: newton_schulz_inverse(a, iters=NS_ITERS, eps=EPS),
+    'reference': lambda a: newton_schulz_inverse_reference(a, NS_ITERS, EPS),
     'linalg.inv': lambda a: torch.linalg.inv(a + EPS * torch.eye(a.shape[-1], device=a.device)),
     'linalg.pinv': lambda a: torch.linalg.pinv(a + EPS * torch.eye(a.shape[-1], device=a.device)),
 }
@@ -118,7 +121,13 @@ def measured_cpu_limit() -> Optional[Dict[str, float]]:
         return None
     forward, backward = result['forward'] / 1e9, result['backward'] / 1e9
     return {'fwd': forward, 'bwd': backward, 'fwd+bwd': 3 / (1 / forward + 2 / backward),
-            'threads': result['threads']}
+            'fma GFLOP/s': result['fma_flops'] / 1e9, 'threads': result['threads']}
+
+
+def newton_schulz_flops(m: int) -> float:
+    """The least fp32 flops of NS_ITERS symmetric steps for the batch: 3 M^3 per step after the
+    first (which needs no product), per matrix."""
+    return NS_BATCH * (NS_ITERS - 1) * 3.0 * m**3
 
 
 def summarise(results: Dict[str, Measurement], device: str) -> Section:
@@ -151,7 +160,11 @@ def summarise(results: Dict[str, Measurement], device: str) -> Section:
         for impl in NS_FORWARD:
             res = results[f'newton_schulz M={m} {impl} fwd']
             both = results.get(f'newton_schulz M={m} {impl} fwd+bwd')
-            rows.append({
+            bound = {}
+            if limit and impl == 'compiled':
+                bound_ms = newton_schulz_flops(m) / limit['fma GFLOP/s'] / 1e6
+                bound = {'bound fwd ms': bound_ms, '% of limit fwd': 100 * bound_ms / res.time_ms}
+            rows.append({**bound,
                 'op': 'newton_schulz (20 steps)' if impl in NS_BACKWARD else impl,
                 'shape': f'batch {NS_BATCH}, M={m}', 'impl': impl, 'fwd ms': res.time_ms,
                 'fwd+bwd ms': both.time_ms if both else None, 'peak fwd MiB': res.peak_mb,
@@ -164,6 +177,7 @@ def summarise(results: Dict[str, Measurement], device: str) -> Section:
                'G elem-op/s fwd', 'G elem-op/s fwd+bwd']
     if limit:
         columns += ['% of limit fwd', '% of limit fwd+bwd']
+        columns += ['bound fwd ms']
     columns += ['speed-up fwd', 'speed-up fwd+bwd', 'peak fwd+bwd / cdist']
     notes = [
         'speed-up = time of the other implementation / time of the compiled op; for Newton-Schulz '
@@ -174,5 +188,8 @@ def summarise(results: Dict[str, Measurement], device: str) -> Section:
     if limit:
         notes.append(f'CPU limit (cpu_limit.cpp, {limit["threads"]} threads): forward '
                      f'{limit["fwd"]:.1f}, backward {limit["bwd"]:.1f}, forward+backward '
-                     f'{limit["fwd+bwd"]:.1f} G element-ops/s.')
+                     f'{limit["fwd+bwd"]:.1f} G element-ops/s; FMA peak '
+                     f'{limit["fma GFLOP/s"]:.0f} GFLOP/s.')
+        notes.append(f'Newton-Schulz bound = {NS_ITERS - 1} steps x 3 M^3 flops x batch {NS_BATCH} at '
+                     'the FMA peak; its % of limit = bound / measured time.')
     return Section(f'LaplacianFormer ops on {device}', columns, rows, notes)
