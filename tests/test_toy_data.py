@@ -1,4 +1,5 @@
 """The synthetic toy datasets: determinism, format validity, CLI idempotence, stock dataset loading."""
+import colorsys
 import json
 import os
 import os.path as osp
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from toy_data.scenes import (ADE_TOY_RAW_LABELS, COCO_TOY_CLASSES, IMAGENET_TOY_CLASSES,
+from toy_data.scenes import (ADE_TOY_RAW_LABELS, COCO_TOY_CLASSES, COCO_TOY_HUES, IMAGENET_TOY_CLASSES,
                              IMAGENET_TOY_NUM_CLASSES, IMAGENET_TOY_WNIDS, make_all, make_toy_ade,
                              make_toy_coco, make_toy_imagenet, mask_to_polygons, read_stamp,
                              render_coco_scene, toy_image_rng)
@@ -137,6 +138,25 @@ def test_coco_polygons_reproduce_visible_masks(toy_root):
             assert np.stack(masks).sum(0).max() == 1
     assert min(ious) >= 0.8 and np.mean(ious) >= 0.95, (min(ious), np.mean(ious))
     assert occluded >= 2
+
+
+def test_coco_shapes_wear_their_class_hue_on_a_grey_background():
+    """Every rendered instance's mean colour lies in its class's hue band and is saturated; the
+    background (pixels of no shape) is far less saturated, whatever the class mix and occlusion."""
+    for index in range(COCO_COUNTS[1]):
+        pixels, instances = render_coco_scene(toy_image_rng(SEED, 'coco', 'val', index))
+        pixels = pixels.astype(np.float64) / 255
+        covered = np.zeros(pixels.shape[:2], bool)
+        for instance in instances:
+            red, green, blue = pixels[instance['mask']].mean(0)
+            hue, saturation, _ = colorsys.rgb_to_hsv(red, green, blue)
+            expected = COCO_TOY_HUES[instance['category_id'] - 1]
+            assert min(abs(hue - expected), 1 - abs(hue - expected)) < 0.08, (index, hue, expected)
+            assert saturation > 0.45, (index, saturation)
+            covered |= instance['mask']
+        background = pixels[~covered]
+        chroma = background.max(-1) - background.min(-1)
+        assert np.median(chroma) < 0.15, (index, np.median(chroma))
 
 
 def test_mask_to_polygons_handles_holes_components_and_diagonals():
