@@ -9,8 +9,9 @@
    yacs config and argparse namespaces of the official PolaFormer files), with a warning naming
    their classes; a file that would call anything fails with :class:`UnsafeCheckpointError`;
 3. only with ``unsafe_trust_checkpoint=True``, a full unpickle, with a warning naming the file.
-Other schemes (``http://``, ``open-mmlab://``, ...) go through mmengine's loader, weights-only
-(refused on torch < 2.5, where that loader would unpickle fully).
+Other schemes (``http://``, ``open-mmlab://``, ...) go through mmengine's loader, weights-only;
+they are refused on torch < 2.6, where that loader would unpickle fully (also inside
+:func:`safe_checkpoint_loading`).
 
 :func:`safe_checkpoint_loading` makes mmengine's own loading (the Runner's resume and ``load_from``,
 ``load_checkpoint``) use the same policy inside a ``with`` block; the plugin's tools run in one.
@@ -24,6 +25,7 @@ from typing import Optional
 
 import torch
 from mmengine.logging import print_log
+from torch.torch_version import TorchVersion
 from mmengine.runner.checkpoint import CheckpointLoader
 
 from mmlinattn import restricted_unpickler
@@ -34,8 +36,11 @@ __all__ = ['load_checkpoint_file', 'safe_checkpoint_loading', 'MMENGINE_CHECKPOI
            'UnloadedObject', 'UnsafeCheckpointError']
 
 # torch.serialization.safe_globals (torch >= 2.5). Without it the restricted unpickler, which
-# allows the same globals, reads every local file, and remote files are refused.
+# allows the same globals, reads every local file.
 _SAFE_GLOBALS = getattr(torch.serialization, 'safe_globals', None)
+# mmengine's remote loaders call torch.load with torch's default, weights-only from torch 2.6 on;
+# before, they would unpickle fully, so remote files are refused there.
+_REMOTE_LOADS_WEIGHTS_ONLY = TorchVersion(torch.__version__) >= (2, 6)
 
 OPT_IN = ('If you trust the file, load it with --unsafe-trust-checkpoint (tools/train.py, test.py, '
           'convert_checkpoint.py) or unsafe_trust_checkpoint=True (a Pretrained init_cfg, '
@@ -52,10 +57,7 @@ def load_checkpoint_file(filename: str, map_location='cpu', unsafe_trust_checkpo
         if unsafe_trust_checkpoint:
             raise ValueError(f'unsafe_trust_checkpoint applies to local files; download {filename} '
                              'and pass its path')
-        if _SAFE_GLOBALS is None:  # torch.load there unpickles fully by default
-            raise ValueError(f'{filename}: torch {torch.__version__} has no weights-only loading '
-                             'with an allow-list (torch >= 2.5), so mmlinattn reads local files '
-                             'only there; download it and pass its path')
+        _refuse_remote_unless_weights_only(filename)
         with _SAFE_GLOBALS(MMENGINE_CHECKPOINT_GLOBALS):
             return CheckpointLoader.load_checkpoint(filename, map_location=map_location,
                                                     logger='current')
@@ -87,6 +89,17 @@ def load_checkpoint_file(filename: str, map_location='cpu', unsafe_trust_checkpo
     return checkpoint
 
 
+def _refuse_remote_unless_weights_only(filename: str) -> None:
+    if not _REMOTE_LOADS_WEIGHTS_ONLY:
+        raise ValueError(f'{filename}: with torch {torch.__version__} mmengine\'s loader would unpickle '
+                         'it fully (torch.load is weights-only by default from torch 2.6), so '
+                         'mmlinattn reads local files only there; download it and pass its path')
+
+
+def _refusing_loader(filename, map_location):
+    _refuse_remote_unless_weights_only(filename)
+
+
 @contextlib.contextmanager
 def safe_checkpoint_loading(trusted_checkpoint: Optional[str] = None):
     """Inside the block mmengine's loader reads local files with :func:`load_checkpoint_file`, and
@@ -99,13 +112,18 @@ def safe_checkpoint_loading(trusted_checkpoint: Optional[str] = None):
         return load_checkpoint_file(filename, map_location, unsafe_trust_checkpoint=(
             trusted is not None and osp.realpath(osp.expanduser(filename)) == trusted))
 
-    # mmengine 0.10.7 can register a scheme but not remove one: swap the local entry and restore it.
+    # mmengine 0.10.7 can register a scheme but not remove one: swap the entries and restore them
+    # (the local one always; the remote ones where torch.load is not weights-only by default).
     schemes = CheckpointLoader._schemes
-    previous = schemes['']
+    previous = dict(schemes)
     schemes[''] = load_from_mmlinattn
+    if not _REMOTE_LOADS_WEIGHTS_ONLY:
+        for prefix in previous:
+            if prefix:
+                schemes[prefix] = _refusing_loader
     try:
         with (contextlib.nullcontext() if _SAFE_GLOBALS is None
               else _SAFE_GLOBALS(MMENGINE_CHECKPOINT_GLOBALS)):
             yield
     finally:
-        schemes[''] = previous
+        schemes.update(previous)

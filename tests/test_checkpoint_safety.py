@@ -337,9 +337,11 @@ def test_other_schemes_load_through_mmengine_weights_only(tmp_path, monkeypatch)
 def test_without_torchs_allow_list_the_restricted_unpickler_reads_everything(tmp_path, monkeypatch):
     """torch < 2.5 has no torch.serialization.safe_globals: local files (mmengine's objects
     included) load through the restricted unpickler alone, code is still refused, and remote
-    files, which mmengine's loader would fully unpickle there, are refused naming the way out."""
+    files, which mmengine's loader would fully unpickle before torch 2.6, are refused naming the
+    way out, also when mmengine itself loads them inside safe_checkpoint_loading."""
     from mmlinattn import checkpoint
     monkeypatch.setattr(checkpoint, '_SAFE_GLOBALS', None)
+    monkeypatch.setattr(checkpoint, '_REMOTE_LOADS_WEIGHTS_ONLY', False)
     path = str(tmp_path / 'iter_2.pth')
     optimizer = save_mmengine_like(path)
     with mmengine_log() as messages:
@@ -350,8 +352,12 @@ def test_without_torchs_allow_list_the_restricted_unpickler_reads_everything(tmp
     malicious, marker = save_malicious(tmp_path)
     with pytest.raises(UnsafeCheckpointError, match='would run code'):
         load_checkpoint_file(malicious)
+    remote = f'http://example.invalid/{os.path.basename(path)}'
     with pytest.raises(ValueError, match='reads local files only there; download it'):
-        load_checkpoint_file(f'http://example.invalid/{os.path.basename(path)}')
+        load_checkpoint_file(remote)
+    with safe_checkpoint_loading(), pytest.raises(ValueError, match='would unpickle it fully'):
+        CheckpointLoader.load_checkpoint(remote)  # mmengine's own loading, e.g. load_from=http://
+    assert CheckpointLoader._schemes['http://'] is not checkpoint._refusing_loader  # restored
     assert not marker.exists()
 
 
