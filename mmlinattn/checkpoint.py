@@ -25,8 +25,8 @@ from typing import Optional
 
 import torch
 from mmengine.logging import print_log
-from torch.torch_version import TorchVersion
 from mmengine.runner.checkpoint import CheckpointLoader
+from torch.torch_version import TorchVersion
 
 from mmlinattn import restricted_unpickler
 from mmlinattn.restricted_unpickler import (MMENGINE_CHECKPOINT_GLOBALS, UnloadedObject,

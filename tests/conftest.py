@@ -16,8 +16,9 @@ def needs_compiled_ops(item) -> bool:
     """A test of the compiled operators: it uses the ``compiled_ops`` fixture, carries the
     ``compiled_ops`` marker or runs with a parameter ``'compiled'`` (MMLINATTN_OPS modes)."""
     params = getattr(item, 'callspec', None)
-    return ('compiled_ops' in item.fixturenames or 'compiled_ops' in item.keywords or any(
-        isinstance(value, str) and value == 'compiled' for value in (params.params.values() if params else ())))
+    values = params.params.values() if params else ()
+    return ('compiled_ops' in item.fixturenames or 'compiled_ops' in item.keywords
+            or any(isinstance(value, str) and value == 'compiled' for value in values))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -25,10 +26,12 @@ def pytest_collection_modifyitems(config, items):
     from mmlinattn.ops.torch_compat import missing_library_api
     skips = []
     if not torch.cuda.is_available():
-        skips.append((lambda item: 'cuda' in item.keywords, pytest.mark.skip(reason='needs a CUDA device')))
+        skips.append((lambda item: 'cuda' in item.keywords,
+                      pytest.mark.skip(reason='needs a CUDA device')))
     too_old = missing_library_api()  # not a build problem: such a torch runs the references by design
     if too_old:
-        skips.append((needs_compiled_ops, pytest.mark.skip(reason=f'needs the compiled operators: {too_old}')))
+        skips.append((needs_compiled_ops,
+                      pytest.mark.skip(reason=f'needs the compiled operators: {too_old}')))
     for item in items:
         for applies, skip in skips:
             if applies(item):

@@ -165,7 +165,7 @@ def summarise(results: Dict[str, Measurement], device: str) -> Section:
                 bound_ms = newton_schulz_flops(m) / limit['fma GFLOP/s'] / 1e6
                 bound = {'bound fwd ms': bound_ms, '% of limit fwd': 100 * bound_ms / res.time_ms}
             rows.append({**bound,
-                'op': 'newton_schulz (20 steps)' if impl in NS_BACKWARD else impl,
+                'op': f'newton_schulz ({NS_ITERS} steps)' if impl in NS_BACKWARD else impl,
                 'shape': f'batch {NS_BATCH}, M={m}', 'impl': impl, 'fwd ms': res.time_ms,
                 'fwd+bwd ms': both.time_ms if both else None, 'peak fwd MiB': res.peak_mb,
                 'peak fwd+bwd MiB': both.peak_mb if both else None,
