@@ -3,7 +3,7 @@
 # bbox/segm AP.
 #
 # With data/coco: the config's full schedule on COCO (tools/train.py), then tools/test.py.
-# Without it, the real workflow in miniature on the bundled synthetic sets (data/toy, 12-13 min on
+# Without it, the real workflow in miniature on the bundled synthetic sets (data/toy, ~11 min on
 # 2 CPU cores):
 #   1. pretrain LaplacianFormer-T as a classifier on toy-ImageNet (configs/toy/laplacianformer_tiny_toy_imagenet.py),
 #   2. fine-tune Mask R-CNN (configs/toy/mask_rcnn_laplacian_tiny_toy_coco.py, i.e. the 1x config's
