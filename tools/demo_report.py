@@ -60,7 +60,8 @@ def read_scalars(run_dir: str):
     paths = sorted(glob.glob(osp.join(run_dir, '*', 'vis_data', 'scalars.json')))
     if not paths:
         raise SystemExit(f'error: no */vis_data/scalars.json under {run_dir}; did the training run?')
-    rows = [json.loads(line) for line in open(paths[-1]) if line.strip()]
+    with open(paths[-1]) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
     return [r for r in rows if 'loss' in r], [r for r in rows if 'loss' not in r]
 
 
@@ -75,10 +76,11 @@ def epoch_end_iters(train_rows) -> dict:
 def backbone_load_line(run_dir: str):
     """(checkpoint, missing keys) from the fine-tuning log's Pretrained line, or None."""
     for path in sorted(glob.glob(osp.join(run_dir, '*', '*.log')))[-1:]:
-        for line in open(path):
-            match = BACKBONE_LOADED.search(line.strip())
-            if match:
-                return match.group(1), match.group(2)
+        with open(path) as f:
+            for line in f:
+                match = BACKBONE_LOADED.search(line.strip())
+                if match:
+                    return match.group(1), match.group(2)
     return None
 
 
@@ -183,9 +185,10 @@ def report(args) -> None:
     stages = {}
     stage_file = osp.join(work_dir, 'stage_seconds.txt')
     if osp.isfile(stage_file):
-        for line in open(stage_file):
-            name, seconds = line.split()
-            stages[name] = int(seconds)
+        with open(stage_file) as f:
+            for line in f:
+                name, seconds = line.split()
+                stages[name] = int(seconds)
     drawn = sorted(glob.glob(osp.join(work_dir, 'predictions', '*')))
     if not drawn:
         raise SystemExit(f'error: no drawn predictions in {osp.join(work_dir, "predictions")}')
@@ -212,7 +215,10 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    schedule(args) if args.command == 'schedule' else report(args)
+    if args.command == 'schedule':
+        schedule(args)
+    else:
+        report(args)
 
 
 if __name__ == '__main__':
