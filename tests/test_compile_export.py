@@ -3,9 +3,10 @@
 Fast tier: the three compiled ops in one fullgraph compile (AOT autograd with their fake kernels,
 forward and backward, a second size without recompiling) and every backbone family captured by
 dynamo without a graph break. Slow tier (CPU compiles take minutes): each backbone family compiled
-with inductor (fullgraph, dynamic shapes) forward and backward against eager, exported with
-torch.export at two sizes, and exported to ONNX by the dynamo exporter and checked in onnxruntime.
-CUDA (``cuda`` marker, run by tools/gpu_check.sh): the inductor compile of each family on the GPU.
+with inductor (fullgraph) forward and backward against eager at two sizes and for inference with
+dynamic shapes at three, exported with torch.export at two sizes, and exported to ONNX by the dynamo
+exporter and checked in onnxruntime. CUDA (``cuda`` marker, run by tools/gpu_check.sh): the inductor
+compiles of each family on the GPU.
 """
 import copy
 import os
@@ -93,15 +94,18 @@ def test_backbones_have_no_graph_break(compiled_ops, family):
 # ---- slow tier ---------------------------------------------------------------------------------
 
 
-# Inductor (torch 2.14.1) cannot lower LaplacianFormer's landmark conv with symbolic sizes: it
-# fails ordering the conv output's strides (`cannot determine truth value of Relational:
-# 32*((H + (-H mod 8))//8)*(...) < 1`), also with torch._check hints on the landmark grid. Its
-# inductor compile is static (one graph per size); dynamo and AOT autograd do take it with dynamic
-# shapes (the fast tier's graph-break test and the ops' dynamic compile).
+# Inductor options for a dynamic-shape compile of each family. LaplacianFormer's graph returns views
+# whose strides are FloorDiv expressions of H and W (the landmark grid): inductor (torch 2.14.1) orders
+# such strides without a shape env and fails (`cannot determine truth value of Relational:
+# 32*((H + (-H mod 8))//8)*(...) < 1`) unless it keeps their exact strides (strict_output_strides).
+DYNAMIC_OPTIONS = {'LaplacianFormer': {'strict_output_strides': True}, 'PolaPVT': None, 'PolaSwin': None}
+# With gradients, dynamic shapes hold for the forward graph only: inductor's convolution_backward
+# lowering and its channels-last checks guard the backward graph's sizes to integers (`Eq(s0, 128)`),
+# so the second size recompiles. Training graphs of LaplacianFormer and Pola-PVT therefore compile
+# per size (dynamic=False); their inference graphs take dynamic shapes (the test below).
 INDUCTOR_DYNAMIC = {'LaplacianFormer': False, 'PolaPVT': False, 'PolaSwin': True}
-# Pola-PVT fails the same way with dynamic shapes (`TensorReferenceAnalysis has no attribute
-# python_mod`), so it too compiles per size. Pola-Swin's CPU inductor compile did not finish in 10
-# minutes on 2 cores: it runs on the GPU only (the cuda test below, tools/gpu_check.sh).
+# Pola-Swin's CPU inductor compile did not finish in 10 minutes on 2 cores: it runs on the GPU only
+# (the cuda test below, tools/gpu_check.sh).
 CPU_INDUCTOR_FAMILIES = ['LaplacianFormer', 'PolaPVT']
 # torch.export of Pola-Swin with dynamic H and W did not finish in 5 minutes on 2 CPU cores.
 CPU_EXPORT_FAMILIES = ['LaplacianFormer', 'PolaPVT']
@@ -131,7 +135,8 @@ def check_compile_matches_eager(family, device):
     model64 = copy.deepcopy(model).double()
     torch._dynamo.reset()
     dynamic = INDUCTOR_DYNAMIC[family]
-    compiled_model = torch.compile(model, fullgraph=True, dynamic=dynamic)
+    compiled_model = torch.compile(model, fullgraph=True, dynamic=dynamic,
+                                   options=DYNAMIC_OPTIONS[family] if dynamic else None)
     try:
         for step, size in enumerate(sizes):
             gen = torch.Generator().manual_seed(step)
@@ -165,6 +170,39 @@ def test_backbone_compile_matches_eager(compiled_ops, family):
 @pytest.mark.parametrize('family', list(BACKBONES))
 def test_backbone_compile_matches_eager_cuda(compiled_ops, family):
     check_compile_matches_eager(family, 'cuda')
+
+
+def check_dynamic_inference_compile(family, device):
+    """torch.compile(fullgraph=True, dynamic=True), inductor, inference: one graph serves three
+    input sizes (``fail_on_recompile`` after the first) and gives the eager outputs (1e-5 relative)."""
+    factory, sizes = BACKBONES[family]
+    torch.manual_seed(0)
+    model = factory().to(device).eval()
+    torch._dynamo.reset()
+    compiled_model = torch.compile(model, fullgraph=True, dynamic=True, options=DYNAMIC_OPTIONS[family])
+    try:
+        for step, size in enumerate(sizes + [(size[0] + 32, size[1] + 64) for size in sizes[-1:]]):
+            image = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(step)).to(device)
+            with torch.no_grad():
+                got, expected = compiled_model(image), model(image)
+            for i, (a, b) in enumerate(zip(got, expected)):
+                assert relative_error(a, b) <= 1e-5, f'{family} {size} output {i}'
+            if step == 0:
+                torch.compiler.set_stance('fail_on_recompile')
+    finally:
+        torch.compiler.set_stance('default')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('family', CPU_INDUCTOR_FAMILIES)
+def test_backbone_dynamic_inference_compile(compiled_ops, family):
+    check_dynamic_inference_compile(family, 'cpu')
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('family', list(BACKBONES))
+def test_backbone_dynamic_inference_compile_cuda(compiled_ops, family):
+    check_dynamic_inference_compile(family, 'cuda')
 
 
 # The compiled operators each family's exported program must hold.

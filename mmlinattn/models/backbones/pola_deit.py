@@ -11,7 +11,7 @@ from mmengine.model.weight_init import trunc_normal_
 from torch import nn
 
 from mmlinattn.registry import MODELS
-from ..layers import PolarityAttention, PreNormBlock, resize_pos_embed
+from ..layers import PolarityAttention, PreNormBlock, pad_to_multiple, resize_pos_embed
 from .base import StagedBackbone
 
 
@@ -118,7 +118,8 @@ class PolaDeiT(StagedBackbone):
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor]:
         """x: [B, C_in, H, W] -> ([B, C, ceil(H/16), ceil(W/16)],)."""
         p = self.patch_size
-        x = self.patch_embed(F.pad(x, (0, (-x.shape[-1]) % p, 0, (-x.shape[-2]) % p)))
+        padding = (0, pad_to_multiple(x.shape[-1], p), 0, pad_to_multiple(x.shape[-2], p))
+        x = self.patch_embed(F.pad(x, padding))
         batch, _, height, width = x.shape
         tokens = x.flatten(2).transpose(1, 2)
         pos = resize_pos_embed(self.pos_embed, self.pos_grid, (height, width))

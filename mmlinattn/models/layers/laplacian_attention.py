@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmlinattn.ops import check_finite_input, compute_dtype, laplacian_kernel, newton_schulz_inverse
+from .padding import pad_to_multiple
 
 KERNELS = ('laplacian', 'gaussian')
 INVERSES = ('newton_schulz', 'exact', 'conjugate_gradient')
@@ -332,7 +333,7 @@ class LaplacianAttention(nn.Module):
         height, width = hw_shape
         s = self.landmark_ratio
         grid = q.reshape(batch * heads, height, width, head_dims).permute(0, 3, 1, 2)
-        grid = F.pad(grid, (0, (-width) % s, 0, (-height) % s))
+        grid = F.pad(grid, (0, pad_to_multiple(width, s), 0, pad_to_multiple(height, s)))
         pooled = self.landmark_conv(grid)  # [B*h, d, ceil(H/s), ceil(W/s)]
         if self.max_landmark_grid is not None and torch.onnx.is_in_onnx_export():
             pooled = capped_avg_pool2d_exportable(pooled, self.max_landmark_grid)

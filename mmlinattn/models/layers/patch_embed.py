@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .padding import pad_to_multiple
+
 
 class PatchEmbed(nn.Module):
     """``LN(Conv2d(C_in, C, p, stride=p)(x))`` as tokens.
@@ -26,8 +28,8 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
         p = self.patch_size
-        x = F.pad(x, (0, (-x.shape[-1]) % p, 0, (-x.shape[-2]) % p))
-        x = self.proj(x)
+        padding = (0, pad_to_multiple(x.shape[-1], p), 0, pad_to_multiple(x.shape[-2], p))
+        x = self.proj(F.pad(x, padding))
         hw_shape = (x.shape[2], x.shape[3])
         return self.norm(x.flatten(2).transpose(1, 2)), hw_shape
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmlinattn.ops import check_finite_input
+from .padding import pad_to_multiple
 
 MASK_VALUE = -100.0
 
@@ -130,7 +131,8 @@ class ShiftedWindowAttention(nn.Module):
                              f'got {list(x.shape)}')
         check_finite_input(self, x)  # only with MMLINATTN_CHECK_FINITE=1
         w = self.window_size
-        grid = F.pad(x.reshape(batch, height, width, channels), (0, 0, 0, (-width) % w, 0, (-height) % w))
+        padding = (0, 0, 0, pad_to_multiple(width, w), 0, pad_to_multiple(height, w))
+        grid = F.pad(x.reshape(batch, height, width, channels), padding)
         padded_h, padded_w = grid.shape[1:3]
         shift = self.shift_size if (padded_h > w or padded_w > w) else 0
         mask = None
