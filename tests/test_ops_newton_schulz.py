@@ -46,9 +46,14 @@ def test_converges_on_landmark_gram_matrices(monkeypatch, mode, m):
     torch.testing.assert_close(v.double(), torch.linalg.inv(p), rtol=0, atol=1e-4 * (1 / EPS))
 
 
-@pytest.mark.parametrize('m', [1, 16, 17, 49, 50, 256])
-def test_compiled_equals_reference_step_for_step(compiled, m):
+# Sizes that exercise every register-tile shape of the CPU kernel: 8-row blocks 1..3 vectors wide,
+# single remainder rows 1..4 vectors wide, a ragged column tile or none.
+@pytest.mark.parametrize('m', [1, 16, 17, 23, 49, 50, 65, 100, 256])
+@pytest.mark.parametrize('symmetric', [True, False])
+def test_compiled_equals_reference_step_for_step(compiled, m, symmetric):
     a = landmark_gram(2, m, seed=7)
+    if not symmetric:
+        a = a + 0.01 * torch.rand(a.shape, generator=torch.Generator().manual_seed(0))
     for iters in (1, 2, 3, 5, 8, 20):
         v = newton_schulz_inverse(a, iters=iters)
         v_ref = newton_schulz_inverse_reference(a, iters, EPS)

@@ -3,8 +3,9 @@
 //
 // Each matrix lives in a buffer [M][ld] whose rows are padded with zeros to ld (a multiple of
 // kCols, one 64-byte vector), so every column tile is full width. A product C = A B is computed
-// in 8-row x kCols-column register tiles, each entry summed over k in order, so results do not
-// depend on how rows are split over threads.
+// in register tiles of 8 rows x 1..3 vectors (the rows past the last multiple of 8 one at a time,
+// up to 4 vectors wide so that 4 FMA chains run), each entry summed over k in order, so results
+// do not depend on how rows are split over threads or on the tile shapes.
 //
 // Symmetric P (the LaplacianFormer case: a Gram matrix): every V_t is then symmetric, and so is
 // V_t P V_t, so the second product of a step computes only the tiles on or above the diagonal
@@ -23,7 +24,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "newton_schulz.h"
@@ -48,32 +52,54 @@ constexpr int64_t kCols = 64 / sizeof(T);  // output columns per register tile
 
 enum class Epilogue { kStore, kTwiceVMinus, kSubtract };  // C = AB | 2V - AB | C - AB
 
-// One tile of C (op)= A B: rows r0 .. r0+Rows of A and C, columns j0 .. j0+kCols of B, V and C;
-// a, c, v point at row r0 (column 0 for a, j0 for c and v), b at column j0; k runs over [0, m).
-template <typename T, int Rows, Epilogue E>
+// One 64-byte vector of T (GCC/Clang vector extension: a zmm, two ymm or four xmm registers).
+// Its helpers are inlined internal functions, so the ABI note GCC gives for 64-byte vector
+// arguments without AVX-512 concerns no call that exists.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+template <typename T>
+struct Vector {
+  typedef T type __attribute__((vector_size(64)));
+};
+template <typename T>
+MMLINATTN_INLINE typename Vector<T>::type load(const T* p) {
+  typename Vector<T>::type x;
+  std::memcpy(&x, p, sizeof(x));
+  return x;
+}
+template <typename T>
+MMLINATTN_INLINE void store(T* p, typename Vector<T>::type x) {
+  std::memcpy(p, &x, sizeof(x));
+}
+
+// One tile of C (op)= A B: rows r0 .. r0+Rows of A and C, columns j0 .. j0+Vecs*kCols of B, V
+// and C; a, c, v point at row r0 (column 0 for a, j0 for c and v), b at column j0; k runs over
+// [0, m), m >= 1. Every entry is the same sum in the same order whatever the tile's shape. The
+// accumulators are vectors, so they stay in registers (arrays of scalars were zeroed in memory).
+template <typename T, int Rows, int Vecs, Epilogue E>
 MMLINATTN_INLINE void tile(const T* a, const T* b, const T* v, T* c, int64_t m, int64_t ld) {
+  using V = typename Vector<T>::type;
   constexpr int64_t W = kCols<T>;
-  T acc[Rows][W];
+  V acc[Rows][Vecs];
   for (int r = 0; r < Rows; ++r)
-    for (int64_t w = 0; w < W; ++w) acc[r][w] = T(0);
+    for (int w = 0; w < Vecs; ++w) acc[r][w] = V{} + T(0);
   for (int64_t kk = 0; kk < m; ++kk) {
-    const T* bk = b + kk * ld;
+    V bk[Vecs];
+    for (int w = 0; w < Vecs; ++w) bk[w] = load(b + kk * ld + w * W);
     for (int r = 0; r < Rows; ++r) {
       const T ar = a[r * ld + kk];
-#pragma omp simd
-      for (int64_t w = 0; w < W; ++w) acc[r][w] += ar * bk[w];
+      for (int w = 0; w < Vecs; ++w) acc[r][w] += ar * bk[w];
     }
   }
-  for (int r = 0; r < Rows; ++r) {
-    T* cr = c + r * ld;
-    const T* vr = v + r * ld;
-#pragma omp simd
-    for (int64_t w = 0; w < W; ++w) {
-      if constexpr (E == Epilogue::kStore) cr[w] = acc[r][w];
-      if constexpr (E == Epilogue::kTwiceVMinus) cr[w] = T(2) * vr[w] - acc[r][w];
-      if constexpr (E == Epilogue::kSubtract) cr[w] -= acc[r][w];
+  for (int r = 0; r < Rows; ++r)
+    for (int w = 0; w < Vecs; ++w) {
+      T* cr = c + r * ld + w * W;
+      if constexpr (E == Epilogue::kStore) store(cr, acc[r][w]);
+      if constexpr (E == Epilogue::kTwiceVMinus)
+        store(cr, T(2) * load(v + r * ld + w * W) - acc[r][w]);
+      if constexpr (E == Epilogue::kSubtract) store(cr, load(cr) - acc[r][w]);
     }
-  }
 }
 
 // Which tiles of C a product computes. kFull: all. kLeft: the full column tiles [0, mv) only,
@@ -82,66 +108,149 @@ MMLINATTN_INLINE void tile(const T* a, const T* b, const T* v, T* c, int64_t m, 
 // mirror_upper fills the rest of a symmetric C).
 enum class Tiles { kFull, kLeft, kUpper };
 
-// Rows [i0, i1) of C (op)= A B; i0 is a multiple of kRows.
-template <typename T, Epilogue E>
-MMLINATTN_INLINE void product_rows_impl(const T* a, const T* b, const T* v, T* c, int64_t i0,
-                                        int64_t i1, int64_t m, int64_t ld, Tiles tiles) {
+// Rows i .. i+Rows of C (op)= A B, the columns that `tiles` asks for, in tiles of up to MaxVecs
+// vectors, widest first.
+template <typename T, int Rows, int MaxVecs, Epilogue E>
+MMLINATTN_INLINE void row_tiles(const T* a, const T* b, const T* v, T* c, int64_t i, int64_t m,
+                                int64_t ld, Tiles tiles) {
   constexpr int64_t W = kCols<T>;
   const int64_t mv = m / W * W;
-  const auto columns = [&](int64_t i, int64_t rows, auto tile_fn) {
-    int64_t j_begin = 0, j_end = ld;
-    if (tiles == Tiles::kLeft) j_end = mv;
-    if (tiles == Tiles::kUpper && i + rows <= mv) j_begin = i / W * W, j_end = mv;
-    for (int64_t j0 = j_begin; j0 < j_end; j0 += W)
-      tile_fn(a + i * ld, b + j0, v + i * ld + j0, c + i * ld + j0);
-  };
-  int64_t i = i0;
-  for (; i + kRows <= i1; i += kRows)  // kRows divides kCols: no tile straddles mv
-    columns(i, kRows, [&](const T* ai, const T* bj, const T* vij, T* cij) {
-      tile<T, kRows, E>(ai, bj, vij, cij, m, ld);
-    });
-  for (; i < i1; ++i)
-    columns(i, 1, [&](const T* ai, const T* bj, const T* vij, T* cij) {
-      tile<T, 1, E>(ai, bj, vij, cij, m, ld);
-    });
+  int64_t j0 = 0, j_end = ld;
+  if (tiles == Tiles::kLeft) j_end = mv;
+  if (tiles == Tiles::kUpper && i + Rows <= mv) j0 = i / W * W, j_end = mv;
+  a += i * ld, v += i * ld, c += i * ld;
+  if constexpr (MaxVecs >= 4)
+    for (; j0 + 4 * W <= j_end; j0 += 4 * W) tile<T, Rows, 4, E>(a, b + j0, v + j0, c + j0, m, ld);
+  if constexpr (MaxVecs >= 3)
+    for (; j0 + 3 * W <= j_end; j0 += 3 * W) tile<T, Rows, 3, E>(a, b + j0, v + j0, c + j0, m, ld);
+  if constexpr (MaxVecs >= 2)
+    for (; j0 + 2 * W <= j_end; j0 += 2 * W) tile<T, Rows, 2, E>(a, b + j0, v + j0, c + j0, m, ld);
+  for (; j0 < j_end; j0 += W) tile<T, Rows, 1, E>(a, b + j0, v + j0, c + j0, m, ld);
 }
 
-template <typename T>
+// Rows [i0, i1) of C (op)= A B; i0 is a multiple of kRows.
+template <typename T, int MaxVecs, Epilogue E>
+MMLINATTN_INLINE void product_rows_impl(const T* a, const T* b, const T* v, T* c, int64_t i0,
+                                        int64_t i1, int64_t m, int64_t ld, Tiles tiles) {
+  int64_t i = i0;
+  for (; i + kRows <= i1; i += kRows)  // kRows divides kCols: no tile straddles mv
+    row_tiles<T, kRows, MaxVecs, E>(a, b, v, c, i, m, ld, tiles);
+  for (; i < i1; ++i) row_tiles<T, 1, 4, E>(a, b, v, c, i, m, ld, tiles);
+}
+
+template <typename T, int MaxVecs>
 MMLINATTN_INLINE void product_rows_dispatch(const T* a, const T* b, const T* v, T* c, int64_t i0,
                                             int64_t i1, int64_t m, int64_t ld, Epilogue e,
                                             Tiles tiles) {
   switch (e) {
     case Epilogue::kStore:
-      return product_rows_impl<T, Epilogue::kStore>(a, b, v, c, i0, i1, m, ld, tiles);
+      return product_rows_impl<T, MaxVecs, Epilogue::kStore>(a, b, v, c, i0, i1, m, ld, tiles);
     case Epilogue::kTwiceVMinus:
-      return product_rows_impl<T, Epilogue::kTwiceVMinus>(a, b, v, c, i0, i1, m, ld, tiles);
+      return product_rows_impl<T, MaxVecs, Epilogue::kTwiceVMinus>(a, b, v, c, i0, i1, m, ld,
+                                                                   tiles);
     case Epilogue::kSubtract:
-      return product_rows_impl<T, Epilogue::kSubtract>(a, b, v, c, i0, i1, m, ld, tiles);
+      return product_rows_impl<T, MaxVecs, Epilogue::kSubtract>(a, b, v, c, i0, i1, m, ld, tiles);
   }
+}
+
+// 8-row x 3-vector tiles (24 accumulators, 11 loads per 24 FMAs against 9 per 8 for one vector)
+// fit AVX-512's 32 vector registers; with AVX2's 16 they would spill, so they run only there.
+bool wide_tiles() {
+#if defined(__GNUC__) && defined(__x86_64__)
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  return avx512;
+#else
+  return false;
+#endif
+}
+
+template <typename T>
+MMLINATTN_INLINE void product_rows_any(const T* a, const T* b, const T* v, T* c, int64_t i0,
+                                       int64_t i1, int64_t m, int64_t ld, Epilogue e, Tiles tiles) {
+  if (wide_tiles()) return product_rows_dispatch<T, 3>(a, b, v, c, i0, i1, m, ld, e, tiles);
+  product_rows_dispatch<T, 1>(a, b, v, c, i0, i1, m, ld, e, tiles);
 }
 
 MMLINATTN_CPU_CLONES void product_rows(const float* a, const float* b, const float* v, float* c,
                                        int64_t i0, int64_t i1, int64_t m, int64_t ld, Epilogue e,
                                        Tiles tiles) {
-  product_rows_dispatch<float>(a, b, v, c, i0, i1, m, ld, e, tiles);
+  product_rows_any<float>(a, b, v, c, i0, i1, m, ld, e, tiles);
 }
 MMLINATTN_CPU_CLONES void product_rows(const double* a, const double* b, const double* v,
                                        double* c, int64_t i0, int64_t i1, int64_t m, int64_t ld,
                                        Epilogue e, Tiles tiles) {
-  product_rows_dispatch<double>(a, b, v, c, i0, i1, m, ld, e, tiles);
+  product_rows_any<double>(a, b, v, c, i0, i1, m, ld, e, tiles);
+}
+
+// Lane indices of a two-vector shuffle (x's lanes 0 .. W-1, y's W .. 2W-1), as GCC's
+// __builtin_shuffle takes them: an integer vector of T's width.
+template <typename T>
+struct LaneIndices {
+  typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> lane;
+  typedef lane type __attribute__((vector_size(64)));
+};
+
+// One stage of a block transpose held in registers: for rows x and y = x + B (x's index with bit
+// B clear) swap x's lanes with bit B set against y's lanes with it clear.
+template <typename T, int B, std::size_t... E>
+MMLINATTN_INLINE void swap_half_blocks(typename Vector<T>::type& x, typename Vector<T>::type& y,
+                                       std::index_sequence<E...>) {
+  constexpr int W = kCols<T>;
+#if defined(__clang__)
+  const auto lo = __builtin_shufflevector(x, y, ((E & B) ? int(W + E - B) : int(E))...);
+  const auto hi = __builtin_shufflevector(x, y, ((E & B) ? int(W + E) : int(E + B))...);
+#else
+  using Lanes = typename LaneIndices<T>::type;
+  const auto lo = __builtin_shuffle(x, y, Lanes{((E & B) ? int(W + E - B) : int(E))...});
+  const auto hi = __builtin_shuffle(x, y, Lanes{((E & B) ? int(W + E) : int(E + B))...});
+#endif
+  x = lo, y = hi;
+}
+
+template <typename T, int B>
+MMLINATTN_INLINE void transpose_stage(typename Vector<T>::type* rows) {
+  for (int i = 0; i < kCols<T>; ++i)
+    if (!(i & B))
+      swap_half_blocks<T, B>(rows[i], rows[i + B], std::make_index_sequence<kCols<T>>{});
+}
+
+// dst block (kCols x kCols) = src block transposed; log2(kCols) stages of shuffles.
+template <typename T>
+MMLINATTN_INLINE void transpose_block(const T* src, T* dst, int64_t ld) {
+  typename Vector<T>::type rows[kCols<T>];
+  for (int i = 0; i < kCols<T>; ++i) rows[i] = load(src + i * ld);
+  if constexpr (kCols<T> >= 16) transpose_stage<T, 8>(rows);
+  transpose_stage<T, 4>(rows);
+  transpose_stage<T, 2>(rows);
+  transpose_stage<T, 1>(rows);
+  for (int i = 0; i < kCols<T>; ++i) store(dst + i * ld, rows[i]);
 }
 
 // After a kUpper product: C_ji = C_ij for i < j, where rows >= mv were computed whole and hold
-// the columns >= mv of the rows above them.
+// the columns >= mv of the rows above them. Below mv the blocks right of the diagonal are
+// transposed in registers (element by element, the strided stores took 14% of the iteration at
+// M = 49; now the mirror takes 8%).
 template <typename T>
-void mirror_upper(T* c, int64_t m, int64_t ld) {
-  const int64_t mv = m / kCols<T> * kCols<T>;
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = i + 1; j < m; ++j) {
-      const T value = (i < mv && j >= mv) ? c[j * ld + i] : c[i * ld + j];
-      c[i * ld + j] = value;
-      c[j * ld + i] = value;
-    }
+MMLINATTN_INLINE void mirror_upper_impl(T* c, int64_t m, int64_t ld) {
+  constexpr int64_t W = kCols<T>;
+  const int64_t mv = m / W * W;
+  for (int64_t i0 = 0; i0 < mv; i0 += W) {
+    for (int64_t i = i0; i < i0 + W; ++i)  // the diagonal block
+      for (int64_t j = i + 1; j < i0 + W; ++j) c[j * ld + i] = c[i * ld + j];
+    for (int64_t j0 = i0 + W; j0 < mv; j0 += W)
+      transpose_block(c + i0 * ld + j0, c + j0 * ld + i0, ld);
+  }
+  for (int64_t i = 0; i < mv; ++i)
+    for (int64_t j = mv; j < m; ++j) c[i * ld + j] = c[j * ld + i];
+  for (int64_t i = mv; i < m; ++i)
+    for (int64_t j = i + 1; j < m; ++j) c[j * ld + i] = c[i * ld + j];
+}
+
+MMLINATTN_CPU_CLONES void mirror_upper(float* c, int64_t m, int64_t ld) {
+  mirror_upper_impl(c, m, ld);
+}
+MMLINATTN_CPU_CLONES void mirror_upper(double* c, int64_t m, int64_t ld) {
+  mirror_upper_impl(c, m, ld);
 }
 
 template <typename T>
@@ -277,17 +386,17 @@ void for_each_matrix(int64_t batch, const F& fn) {
 template <typename T>
 void forward_impl(const at::Tensor& a, int64_t iters, double eps, at::Tensor& v_out,
                   at::Tensor& residual) {
-  const int64_t batch = a.size(0), m = a.size(1), ld = padded(m, kCols<T>);
+  const int64_t batch = a.size(0), m = a.size(1), ld = padded(m, kCols<T>), size = m * ld;
   const T* a_ptr = a.const_data_ptr<T>();
   T* v_ptr = v_out.mutable_data_ptr<T>();
   T* res = residual.numel() ? residual.mutable_data_ptr<T>() : nullptr;
   for_each_matrix(batch, [&](int64_t n) {
     const Shifted<T> s(a_ptr + n * m * m, m, ld, eps);
-    std::vector<T> work(3 * m * ld, T(0));
+    std::vector<T> work(3 * size, T(0));
     T* v = work.data();
-    iterate(s, iters, m, ld, v, v + m * ld, v + 2 * m * ld);
+    iterate(s, iters, m, ld, v, v + size, v + 2 * size);
     for (int64_t i = 0; i < m; ++i) std::copy(v + i * ld, v + i * ld + m, v_ptr + (n * m + i) * m);
-    if (res) res[n] = residual_of(s, v, v + m * ld, m, ld);
+    if (res) res[n] = residual_of(s, v, v + size, m, ld);
   });
 }
 
