@@ -4,8 +4,9 @@
 def pad_to_multiple(size: int, multiple: int) -> int:
     """The padding ``ceil(size / multiple) * multiple - size`` (0 for multiples).
 
-    Written with floor division rather than ``(-size) % multiple``: with symbolic sizes the modulo
-    becomes a ``PythonMod`` that inductor (torch 2.14) cannot bound when it lowers the pad, so
-    ``torch.compile(dynamic=True)`` of Pola-PVT failed on it; floor division it handles.
+    Written with floor division of non-negative numbers: with symbolic sizes ``(-size) % multiple``
+    becomes a ``PythonMod`` that inductor (torch 2.14) cannot bound when it lowers the pad (so
+    ``torch.compile(dynamic=True)`` of Pola-PVT failed), and ``-(-size // multiple)`` a division of a
+    negative number, which the dynamo ONNX export rounds toward zero instead of down.
     """
-    return -(-size // multiple) * multiple - size
+    return (size + multiple - 1) // multiple * multiple - size
