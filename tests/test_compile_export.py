@@ -97,7 +97,7 @@ def test_backbones_have_no_graph_break(compiled_ops, family):
 # Inductor options for a dynamic-shape compile of each family. LaplacianFormer's graph returns views
 # whose strides are FloorDiv expressions of H and W (the landmark grid): inductor (torch 2.14.1) orders
 # such strides without a shape env and fails (`cannot determine truth value of Relational:
-# 32*((H + (-H mod 8))//8)*(...) < 1`) unless it keeps their exact strides (strict_output_strides).
+# 32*((...)//8)*((...)//8) < 1`) unless it keeps their exact strides (strict_output_strides).
 DYNAMIC_OPTIONS = {'LaplacianFormer': {'strict_output_strides': True}, 'PolaPVT': None, 'PolaSwin': None}
 # With gradients, dynamic shapes hold for the forward graph only: inductor's convolution_backward
 # lowering and its channels-last checks guard the backward graph's sizes to integers (`Eq(s0, 128)`),
