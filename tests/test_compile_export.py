@@ -63,20 +63,29 @@ def forward_backward(fn, inputs):
     return (out, ) + grads
 
 
+def check_each_size(check, sizes, forbid_recompiles=True):
+    """check(step, size) for every size; with forbid_recompiles a recompile after the first size
+    raises (stance ``fail_on_recompile``, restored when the checks end, also on failure)."""
+    check(0, sizes[0])
+    with torch.compiler.set_stance('fail_on_recompile' if forbid_recompiles else 'default'):
+        for step, size in enumerate(sizes[1:], start=1):
+            check(step, size)
+
+
 def test_ops_compile_fullgraph_with_dynamic_shapes(compiled_ops):
     """fullgraph=True: no graph break around the ops (their fake kernels give the shapes, their
     autograd formulas the backward); a second token count runs without recompiling."""
     torch._dynamo.reset()
     compiled_fn = torch.compile(ops_chain, fullgraph=True, dynamic=True, backend='aot_eager')
-    for step, tokens in enumerate((50, 77)):
+
+    def check(step, tokens):
         inputs = ops_inputs(tokens, seed=step)
         got = forward_backward(compiled_fn, inputs)
         expected = forward_backward(ops_chain, inputs)
         for name, a, b in zip(('out', 'dq', 'dlandmarks', 'dv', 'dpower'), got, expected):
             assert relative_error(a, b) <= 1e-6, name
-        if step == 0:
-            torch.compiler.set_stance('fail_on_recompile')
-    torch.compiler.set_stance('default')
+
+    check_each_size(check, (50, 77))
 
 
 @pytest.mark.parametrize('family', list(BACKBONES))
@@ -137,27 +146,25 @@ def check_compile_matches_eager(family, device):
     dynamic = INDUCTOR_DYNAMIC[family]
     compiled_model = torch.compile(model, fullgraph=True, dynamic=dynamic,
                                    options=DYNAMIC_OPTIONS[family] if dynamic else None)
-    try:
-        for step, size in enumerate(sizes):
-            gen = torch.Generator().manual_seed(step)
-            image = torch.randn(2, 3, *size, generator=gen).to(device)
-            with torch.no_grad():
-                weights = [torch.randn(o.shape, generator=gen).to(device) for o in model(image)]
-            compiled = _outputs_and_grads(model, compiled_model, image, weights)
-            eager = _outputs_and_grads(model, model, image, weights)
-            exact = _outputs_and_grads(model64, model64, image.double(), weights)
-            floor = 1e-3 * max(t.abs().max().item() for t in exact.values())
-            for name, ref in exact.items():
-                scale = max(ref.abs().max().item(), floor)
-                compiled_err = (compiled[name].double() - ref).abs().max().item() / scale
-                eager_err = (eager[name].double() - ref).abs().max().item() / scale
-                assert compiled_err <= max(4 * eager_err, 1e-5), (
-                    f'{family} {size} {name}: compiled {compiled_err:.2e}, eager {eager_err:.2e} '
-                    'from fp64')
-            if step == 0 and dynamic:
-                torch.compiler.set_stance('fail_on_recompile')
-    finally:
-        torch.compiler.set_stance('default')
+
+    def check(step, size):
+        gen = torch.Generator().manual_seed(step)
+        image = torch.randn(2, 3, *size, generator=gen).to(device)
+        with torch.no_grad():
+            weights = [torch.randn(o.shape, generator=gen).to(device) for o in model(image)]
+        compiled = _outputs_and_grads(model, compiled_model, image, weights)
+        eager = _outputs_and_grads(model, model, image, weights)
+        exact = _outputs_and_grads(model64, model64, image.double(), weights)
+        floor = 1e-3 * max(t.abs().max().item() for t in exact.values())
+        for name, ref in exact.items():
+            scale = max(ref.abs().max().item(), floor)
+            compiled_err = (compiled[name].double() - ref).abs().max().item() / scale
+            eager_err = (eager[name].double() - ref).abs().max().item() / scale
+            assert compiled_err <= max(4 * eager_err, 1e-5), (
+                f'{family} {size} {name}: compiled {compiled_err:.2e}, eager {eager_err:.2e} '
+                'from fp64')
+
+    check_each_size(check, sizes, forbid_recompiles=dynamic)
 
 
 @pytest.mark.slow
@@ -184,17 +191,15 @@ def check_dynamic_inference_compile(family, device):
     # pos-embed grid, whose no-resize branch adds the guard not (H/4 == 56 and W/4 == 56); on an AOT
     # autograd cache hit torch 2.14.1 re-evaluates it as W/4 != 56 and recompiles at 160x224.
     larger = (sizes[-1][0] + 32, sizes[-1][1] + 32)
-    try:
-        for step, size in enumerate(sizes + [larger]):
-            image = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(step)).to(device)
-            with torch.no_grad():
-                got, expected = compiled_model(image), model(image)
-            for i, (a, b) in enumerate(zip(got, expected)):
-                assert relative_error(a, b) <= 1e-5, f'{family} {size} output {i}'
-            if step == 0:
-                torch.compiler.set_stance('fail_on_recompile')
-    finally:
-        torch.compiler.set_stance('default')
+
+    def check(step, size):
+        image = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(step)).to(device)
+        with torch.no_grad():
+            got, expected = compiled_model(image), model(image)
+        for i, (a, b) in enumerate(zip(got, expected)):
+            assert relative_error(a, b) <= 1e-5, f'{family} {size} output {i}'
+
+    check_each_size(check, sizes + [larger])
 
 
 @pytest.mark.slow
