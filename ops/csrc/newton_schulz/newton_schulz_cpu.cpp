@@ -83,7 +83,7 @@ MMLINATTN_INLINE void tile(const T* a, const T* b, const T* v, T* c, int64_t m, 
   constexpr int64_t W = kCols<T>;
   V acc[Rows][Vecs];
   for (int r = 0; r < Rows; ++r)
-    for (int w = 0; w < Vecs; ++w) acc[r][w] = V{} + T(0);
+    for (int w = 0; w < Vecs; ++w) acc[r][w] = V{};
   for (int64_t kk = 0; kk < m; ++kk) {
     V bk[Vecs];
     for (int w = 0; w < Vecs; ++w) bk[w] = load(b + kk * ld + w * W);
