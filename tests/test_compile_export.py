@@ -108,10 +108,13 @@ def test_backbones_have_no_graph_break(compiled_ops, family):
 # such strides without a shape env and fails (`cannot determine truth value of Relational:
 # 32*((...)//8)*((...)//8) < 1`) unless it keeps their exact strides (strict_output_strides).
 DYNAMIC_OPTIONS = {'LaplacianFormer': {'strict_output_strides': True}, 'PolaPVT': None, 'PolaSwin': None}
-# With gradients, dynamic shapes hold for the forward graph only: inductor's convolution_backward
-# lowering and its channels-last checks guard the backward graph's sizes to integers (`Eq(s0, 128)`),
-# so the second size recompiles. Training graphs of LaplacianFormer and Pola-PVT therefore compile
-# per size (dynamic=False); their inference graphs take dynamic shapes (the test below).
+# With gradients, dynamic shapes hold for the forward graph only (torch 2.14.1): inductor's
+# convolution_backward lowering fixes the strides of its layouts to integers (`guard_int_seq` in
+# torch/_inductor/kernel/conv.py: `Eq(H/32 * W/32, 12)`), and with force_layout_optimization, which
+# skips that branch, the saved channels-last activations reach the backward graph with integer
+# strides, so a reshape there guards `Eq(512, 128 * W/32)`. Either way the second size recompiles.
+# Training graphs of LaplacianFormer and Pola-PVT therefore compile per size (dynamic=False); their
+# inference graphs take dynamic shapes (the test below).
 INDUCTOR_DYNAMIC = {'LaplacianFormer': False, 'PolaPVT': False, 'PolaSwin': True}
 # Pola-Swin's CPU inductor compile did not finish in 10 minutes on 2 cores: it runs on the GPU only
 # (the cuda test below, tools/gpu_check.sh).
