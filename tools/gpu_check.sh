@@ -14,13 +14,14 @@
 #                                          # bare CUDA image lacks (mmengine, mmcv without its
 #                                          # compiled ops, ...) into .gpu_deps/ (git-ignored), to
 #                                          # travel with the tree; the check puts them on PYTHONPATH
+#                                          # (GPU_CHECK_DEPS: another folder)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"
 elif [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"
 else PY=python3; fi
-DEPS_DIR="$ROOT/.gpu_deps"
+DEPS_DIR="${GPU_CHECK_DEPS:-$ROOT/.gpu_deps}"
 # what mmlinattn and its tests import beyond torch, numpy, pyyaml, rich and opencv
 BUNDLED_PACKAGES=(mmengine mmcv addict yapf yapf_third_party termcolor)
 
