@@ -36,7 +36,7 @@ print(os.path.dirname(spec.origin) if spec and spec.origin else '')" "$name")"
     tar -C "$(dirname "$src")" --exclude='*.so' --exclude='__pycache__' -cf - "$(basename "$src")" \
       | tar -C "$DEPS_DIR" -xf -
   done
-  echo "bundled ${BUNDLED_PACKAGES[*]} into $DEPS_DIR ($(du -sh "$DEPS_DIR" | cut -f1)); carry it: .gpu_deps"
+  echo "bundled ${BUNDLED_PACKAGES[*]} into $DEPS_DIR ($(du -sh "$DEPS_DIR" | cut -f1))"
   exit 0
 fi
 # the tree itself (the package need not be installed) and the bundle, when there is one
