@@ -111,8 +111,8 @@ DYNAMIC_OPTIONS = {'LaplacianFormer': {'strict_output_strides': True}, 'PolaPVT'
 # With gradients, dynamic shapes hold for the forward graph only (torch 2.14.1): inductor's
 # convolution_backward lowering fixes the strides of its layouts to integers (`guard_int_seq` in
 # torch/_inductor/kernel/conv.py: `Eq(H/32 * W/32, 12)`), and with force_layout_optimization, which
-# skips that branch, the saved channels-last activations reach the backward graph with integer
-# strides, so a reshape there guards `Eq(512, 128 * W/32)`. Either way the second size recompiles.
+# skips that branch, a reshape in the backward graph compares a symbolic stride with an integer one
+# (`Eq(512, 128 * W/32)`). Either way the second size recompiles.
 # Training graphs of LaplacianFormer and Pola-PVT therefore compile per size (dynamic=False); their
 # inference graphs take dynamic shapes (the test below).
 INDUCTOR_DYNAMIC = {'LaplacianFormer': False, 'PolaPVT': False, 'PolaSwin': True}
