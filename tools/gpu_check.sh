@@ -2,10 +2,11 @@
 # Op check on a CUDA machine within one time budget: build the extension with its CUDA kernels if it
 # lacks them (FORCE_CUDA=1, TORCH_CUDA_ARCH_LIST = this GPU unless set), run every
 # tests/test_ops_*.py (CUDA-marked tests included), the op benchmark on the GPU, then the fast
-# compile/export tests and the CUDA torch.compile tests of the backbones (tests/test_compile_export.py),
-# and print a summary. Each step's timeout is cut to what the budget has left (GPU_CHECK_BUDGET_S,
-# default 540 s: one device command may run 600 s); a step cut off still reports the tests it
-# passed. On a machine without a GPU it runs the CPU parts and says which CUDA parts it skipped.
+# compile/export tests and the CUDA torch.compile tests of the backbones
+# (tests/test_compile_export.py), and print a summary. Each step's timeout is cut to what the
+# budget has left (GPU_CHECK_BUDGET_S, default 540 s: one device command may run 600 s); a step cut
+# off still reports the tests it passed. On a machine without a GPU it runs the CPU parts and says
+# which CUDA parts it skipped.
 # Logs and the benchmark JSON go to $GPU_CHECK_OUT (default: $OUT if set, else benchmark_results/).
 # Exit status: 0 when everything that ran passed.
 #
@@ -32,7 +33,7 @@ if [ "${1:-}" = "--bundle-deps" ]; then
 spec = importlib.util.find_spec(sys.argv[1])
 print(os.path.dirname(spec.origin) if spec and spec.origin else '')" "$name")"
     if [ -z "$src" ]; then echo "--bundle-deps: $name is not importable with $PY" >&2; exit 2; fi
-    # mmcv's compiled ops are built for this machine's torch: leave them (mmcv.cnn does not load them)
+    # mmcv's compiled ops are built for this machine's torch: left out (mmcv.cnn does not load them)
     tar -C "$(dirname "$src")" --exclude='*.so' --exclude='__pycache__' -cf - "$(basename "$src")" \
       | tar -C "$DEPS_DIR" -xf -
   done
@@ -82,8 +83,8 @@ print(os.path.join(sysconfig.get_paths()["purelib"], "nvidia", "cu13", "include"
     if [ -d "$wheel_headers" ]; then export CPATH="$wheel_headers${CPATH:+:$CPATH}"; fi
     t0=$SECONDS
     echo "== building mmlinattn._ext with CUDA (arch $TORCH_CUDA_ARCH_LIST) =="
-    if timeout "$(step_limit 240 300)" "$PY" setup.py build_ext --inplace > "$OUT_DIR/gpu_check_build.log" 2>&1 \
-        && has_cuda_kernels; then
+    if timeout "$(step_limit 240 300)" "$PY" setup.py build_ext --inplace \
+        > "$OUT_DIR/gpu_check_build.log" 2>&1 && has_cuda_kernels; then
       build_line="built with CUDA in $((SECONDS - t0)) s"
     else
       build_line="FAILED (see $OUT_DIR/gpu_check_build.log)"
@@ -95,6 +96,7 @@ fi
 extension_line="$("$PY" -c 'from mmlinattn.ops import extension_status; print(extension_status())' 2>&1 | tail -1)"
 
 # --- tests and benchmark -------------------------------------------------------------------------
+PROGRESS_FAILURE='::[^ ]+ (FAILED|ERROR)'  # pytest -v's line of a failed test, as it runs
 run_tests() {  # $1: timeout s, $2: log name, then pytest arguments; prints pytest's last line
   local limit=$1 log=$2
   shift 2
@@ -102,7 +104,7 @@ run_tests() {  # $1: timeout s, $2: log name, then pytest arguments; prints pyte
   local rc=$?
   if [ $rc -eq 124 ]; then
     echo "timed out after $limit s: $(grep -c ' PASSED' "$OUT_DIR/$log") passed," \
-      "$(grep -cE ' (FAILED|ERROR)' "$OUT_DIR/$log") failed before it (log: $OUT_DIR/$log)"
+      "$(grep -cE "$PROGRESS_FAILURE" "$OUT_DIR/$log") failed before it (log: $OUT_DIR/$log)"
   else
     tail -1 "$OUT_DIR/$log"
   fi
@@ -132,7 +134,11 @@ echo "== compile / export tests (fast tier, and the CUDA compiles when present) 
 compile_tests="$(run_tests "$(step_limit 600 0)" gpu_check_tests_compile.log \
   tests/test_compile_export.py -m 'cuda or not slow')" || status=1
 echo "$compile_tests"
-grep -hE '(FAILED|ERROR)' "$OUT_DIR"/gpu_check_tests_*.log 2>/dev/null | grep '::' | head -20
+# each failed test once: from pytest's summary (with its message), or as it ran in a log cut off
+for log in "$OUT_DIR"/gpu_check_tests_*.log; do
+  if grep -q 'short test summary info' "$log"; then grep -E '^(FAILED|ERROR) ' "$log"
+  else grep -E "$PROGRESS_FAILURE" "$log"; fi
+done | head -20
 
 echo
 echo "== gpu_check summary ($((SECONDS - started)) s) =="
