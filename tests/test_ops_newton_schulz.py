@@ -67,13 +67,63 @@ def test_compiled_equals_reference_step_for_step(compiled, m, symmetric):
                                    rtol=1e-12, atol=1e-14)
 
 
-def test_batched_and_single_matrix_paths_agree_bitwise(compiled):
+def newton_schulz_steps(a, iters, eps=EPS, dtype=torch.float64):
+    """The iteration as the paper writes it: V0 = I/||P||_inf, V <- 2V - V P V (fp64 unless
+    dtype says otherwise)."""
+    p = a.to(dtype) + eps * torch.eye(a.shape[-1], dtype=dtype)
+    v = torch.eye(a.shape[-1], dtype=dtype) / p.abs().sum(-1).amax(-1)[..., None, None]
+    for _ in range(iters):
+        v = 2 * v - v @ p @ v
+    return v
+
+
+@pytest.mark.parametrize('mode', ['compiled', 'reference'])
+@pytest.mark.parametrize('m', [16, 49, 256])
+def test_product_form_computes_the_newton_schulz_iterates(monkeypatch, mode, m):
+    """Product steps V(I + R), R <- R^2 and the closing 2V - V P V are the paper's iterates: equal
+    to them in fp64 at every step count, fp32 within its rounding (the product form's rounding
+    is not self-correcting, the last step corrects it), symmetric or not."""
+    monkeypatch.setenv('MMLINATTN_OPS', mode)
+    a = landmark_gram(2, m, seed=16)
+    a_general = a + 0.01 * torch.rand(a.shape, generator=torch.Generator().manual_seed(0))
+    for x in (a, a_general):
+        for iters in (1, 2, 3, 5, 8, 20):
+            exact = newton_schulz_steps(x, iters)
+            for dtype, rtol in ((torch.float32, 2e-5), (torch.float64, 1e-12)):
+                v = newton_schulz_inverse(x.to(dtype), iters=iters).double()
+                err = ((v - exact).abs().max() / exact.abs().max()).item()
+                assert err <= rtol, f'{dtype}, iters={iters}: relative error {err:.3g}'
+    inverse = torch.linalg.inv(a.double() + EPS * torch.eye(m, dtype=torch.float64))
+    v = newton_schulz_inverse(a)  # converged: as accurate as the paper's 20 steps in fp32
+    err = (v.double() - inverse).abs().max()
+    err_steps = (newton_schulz_steps(a, 20, dtype=torch.float32).double() - inverse).abs().max()
+    assert err <= 2 * err_steps, (err, err_steps)
+
+
+@pytest.mark.parametrize('mode', ['compiled', 'reference'])
+def test_steps_past_convergence_change_nothing(monkeypatch, mode):
+    """A matrix stops once ||R||_inf <= u: 20 and 60 allowed steps give the same V, bit for bit,
+    in a batch whose other matrix has not converged by then (each matrix stops on its own)."""
+    monkeypatch.setenv('MMLINATTN_OPS', mode)
+    a = torch.cat([landmark_gram(1, 49, seed=17), unconverged_gram().float()])
+    v20, residual = newton_schulz_inverse(a, iters=20, eps=UNCONVERGED_EPS, return_residual=True)
+    assert residual[0] <= 1e-4 < 0.1 < residual[1]
+    v60 = newton_schulz_inverse(a, iters=60, eps=UNCONVERGED_EPS)
+    assert torch.equal(v20[0], v60[0])
+    assert not torch.allclose(v20[1], v60[1])
+    torch.testing.assert_close(v20[1:], newton_schulz_inverse(a[1:], iters=20,
+                                                               eps=UNCONVERGED_EPS))
+
+
+@pytest.mark.parametrize('iters', [7, 20])
+def test_batched_and_single_matrix_paths_agree_bitwise(compiled, iters):
     """With fewer matrices than threads the CPU kernel splits each step over row blocks, otherwise
-    it runs whole matrices per thread; every entry is summed in the same order either way."""
+    it runs whole matrices per thread; every entry is summed in the same order either way, and
+    each matrix stops (20 steps) on its own."""
     a = landmark_gram(3, 70, seed=8)
-    v, residual = newton_schulz_inverse(a, iters=7, return_residual=True)
+    v, residual = newton_schulz_inverse(a, iters=iters, return_residual=True)
     for n in range(3):
-        v_n, residual_n = newton_schulz_inverse(a[n:n + 1], iters=7, return_residual=True)
+        v_n, residual_n = newton_schulz_inverse(a[n:n + 1], iters=iters, return_residual=True)
         assert torch.equal(v_n[0], v[n]) and torch.equal(residual_n[0], residual[n])
 
 
@@ -146,24 +196,38 @@ def test_compiled_gradient_equals_reference_at_20_steps(compiled, case, dtype, r
 
 
 @pytest.mark.parametrize('mode', ['compiled', 'reference'])
-def test_gradcheck_before_convergence(monkeypatch, mode):
+@pytest.mark.parametrize('iters', [3, 20])
+def test_gradcheck(monkeypatch, mode, iters):
     """The gradient is that of the computed iterate: gradcheck holds after 3 steps, far from the
-    inverse, including the start's dependence on ||P||_inf."""
+    inverse, including the start's dependence on ||P||_inf, and at 20 allowed steps, where the
+    product steps stop early (symmetric and general inputs)."""
     monkeypatch.setenv('MMLINATTN_OPS', mode)
-    a = landmark_gram(2, 6, dtype=torch.float64, seed=12).requires_grad_()
-    assert torch.autograd.gradcheck(lambda x: newton_schulz_inverse(x, iters=3), (a, ))
+    a = landmark_gram(2, 6, dtype=torch.float64, seed=12)
+    a_general = a + 0.05 * torch.rand(a.shape, generator=torch.Generator().manual_seed(0),
+                                      dtype=torch.float64)
+    for x in (a, a_general):
+        assert torch.autograd.gradcheck(lambda y: newton_schulz_inverse(y, iters=iters),
+                                        (x.requires_grad_(), ))
 
 
-def test_large_matrices_use_the_batched_path(compiled):
+@pytest.mark.parametrize('iters', [4, 20])
+def test_large_matrices_use_the_batched_path(compiled, iters):
     """M above the tiled kernels' limit runs the batched-matmul forward and backward (the code
-    the CUDA op uses for large M): equal to the reference, forward and backward."""
-    a = landmark_gram(1, 520, dtype=torch.float64, seed=13).requires_grad_()
-    grad = torch.randn(a.shape, dtype=torch.float64)
-    v = newton_schulz_inverse(a, iters=4)
-    torch.testing.assert_close(v, newton_schulz_inverse_reference(a.detach(), 4, EPS), rtol=1e-12,
-                               atol=1e-14)
+    the CUDA op uses for large M and fp64): equal to the reference, forward and backward, before
+    convergence and with a matrix that stops early beside one that does not."""
+    eps = 1e-4
+    a = torch.cat([landmark_gram(1, 520, dtype=torch.float64, seed=13),
+                   unconverged_gram(520, clusters=40)]).requires_grad_()
+    grad = torch.randn(a.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    v, residual = newton_schulz_inverse(a, iters=iters, eps=eps, return_residual=True)
+    if iters == 20:
+        assert residual[0] < 1e-9 < 0.1 < residual[1]
+    # relative to each matrix's largest entry: the unconverged one amplifies rounding ~1e4x
+    v_ref = newton_schulz_inverse_reference(a.detach(), iters, eps)
+    assert ((v - v_ref).abs().amax((1, 2)) / v_ref.abs().amax((1, 2))).max() <= 1e-12
     (grad_a, ) = torch.autograd.grad(v, a, grad)
-    torch.testing.assert_close(grad_a, reference_gradient(a, grad, 4), rtol=1e-10, atol=1e-12)
+    grad_ref = reference_gradient(a, grad, iters, eps)
+    assert ((grad_a - grad_ref).abs().amax((1, 2)) / grad_ref.abs().amax((1, 2))).max() <= 1e-10
 
 
 def test_ill_conditioned_input_reports_large_residual(compiled):

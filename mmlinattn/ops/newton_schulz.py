@@ -33,14 +33,17 @@ def newton_schulz_inverse(
     """Approximate ``(a + eps*I)^-1`` of symmetric positive-definite matrices by Newton–Schulz.
 
     ``P = a + eps*I``; ``V0 = I / ||P||_inf`` (max absolute row sum, so the iteration converges
-    for any SPD P); ``V <- 2V - V P V`` for ``iters`` steps, in fp32 (fp64 stays fp64). The
-    gradient is that of the computed ``V_iters`` as a function of ``a`` (through every step and
-    through the start), whether or not the iteration has converged. Non-finite entries are not
-    checked: they make the whole matrix's V NaN. See ``docs/ops/newton_schulz.md``.
+    for any SPD P); ``V <- 2V - V P V`` for up to ``iters`` steps, in fp32 (fp64 stays fp64). All
+    but the last step run in product form (``V <- V (I + R)``, ``R <- R^2``, half the flops for
+    symmetric P), and a matrix stops once ``||R||_inf`` is below the unit roundoff, where the
+    remaining steps would change V by a relative ``u^2``. The gradient is that of the computed V
+    as a function of ``a`` (through every step and through the start), whether or not the
+    iteration has converged. Non-finite entries are not checked: they make the whole matrix's V
+    NaN. See ``docs/ops/newton_schulz.md``.
 
     Args:
         a: [..., M, M] SPD matrices (e.g. a Laplacian-kernel Gram matrix of landmarks).
-        iters: number of steps, >= 1. 20 reaches the fp32 floor for well-posed M <= 256.
+        iters: the most steps, >= 1. 20 reaches the fp32 floor for well-posed M <= 256.
         eps: diagonal shift, >= 0.
         return_residual: also return ``||I - P V||_F / sqrt(M)`` per matrix (not differentiable).
 

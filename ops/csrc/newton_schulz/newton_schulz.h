@@ -1,13 +1,21 @@
 // Newton–Schulz inverse of P = a + eps*I for a batch a [B, M, M] (docs/ops/newton_schulz.md):
-//   V0 = I / s, s = ||P||_inf = max_i sum_j |P_ij|;   V_{t+1} = 2 V_t - V_t P V_t,  t < iters.
+//   s = ||P||_inf = max_i sum_j |P_ij|,  V_0 = I / s,  R_0 = I - P / s;
+//   product steps, t = 0, 1, ... while t < iters - 1 and not ||R_t||_inf <= u (unit roundoff):
+//     V_{t+1} = V_t + V_t R_t,  R_{t+1} = R_t R_t;                       k = the steps taken
+//   the Newton–Schulz step on the last: V = 2 V_k - V_k P V_k.
+// In exact arithmetic these are the iterates of V_{t+1} = 2 V_t - V_t P V_t (R_t = I - P V_t); a
+// matrix that stops at k < iters - 1 differs from the full iteration by a relative O(u^2) in
+// exact arithmetic, and the last step corrects the rounding of the product form.
 // Forward: (V [B, M, M], residual [B] = ||I - P V||_F / sqrt(M), or [0] without with_residual).
-// Backward: the exact gradient of the computed V_iters with respect to a, through every step
-// and through s (ties of the row maximum share it equally, |x|' = sign(x) with sign(0) = 0), as
-// autograd through the reference gives:
-//   G_n = dL/dV_n;  for t = n-1 .. 0:  dP -= V_t^T G_{t+1} V_t^T,
-//                                      G_t = 2 G_{t+1} - G_{t+1} (P V_t)^T - (V_t P)^T G_{t+1};
-//   dP_ij += (-tr(G_0) / s^2) * sign(P_ij) * [row i attains s] / #rows attaining s;  da = dP.
-// V_t is a polynomial in P, so P V_t = V_t P: the kernels use T_t = V_t P for both.
+// Backward: the exact gradient of the computed V with respect to a, through every step and
+// through s (ties of the row maximum share it equally, |x|' = sign(x) with sign(0) = 0), as
+// autograd through the reference gives. With G = dL/dV and D_k = 0:
+//   last step:       dP -= V_k^T G V_k^T,  G_k = 2 G - G (P V_k)^T - (V_k P)^T G;
+//   t = k-1 .. 0:    D_t = V_t^T G_{t+1} + D_{t+1} R_t^T + R_t^T D_{t+1},
+//                    G_t = G_{t+1} + G_{t+1} R_t^T;
+//   start:           dP -= D_0 / s,  dL/ds = (<D_0, P> - tr(G_0)) / s^2,
+//                    dP_ij += dL/ds * sign(P_ij) * [row i attains s] / #rows attaining s;  da = dP.
+// V_k is a polynomial in P, so P V_k = V_k P: the kernels use T_k = V_k P for both.
 // Inputs are in the compute dtype (fp32 or fp64); the Python wrapper casts.
 #pragma once
 

@@ -7,13 +7,13 @@
 // up to 4 vectors wide so that 4 FMA chains run), each entry summed over k in order, so results
 // do not depend on how rows are split over threads or on the tile shapes.
 //
-// Symmetric P (the LaplacianFormer case: a Gram matrix): every V_t is then symmetric, and so is
-// V_t P V_t, so the second product of a step computes only the tiles on or above the diagonal
-// (the rows past the last full column tile whole, instead of the ragged column tile) and mirrors
-// the rest; V stays exactly symmetric. T = V P is computed in full (symmetrising it would make
-// the iteration unstable: the commutator of V and P would no longer cancel), its ragged columns
-// as rows of P V. Other matrices get full products. The first step needs no product:
-// V_1 = 2 V_0 - s^-2 P.
+// Symmetric P (the LaplacianFormer case: a Gram matrix): every V_t and R_t is then symmetric, and
+// so are V_t R_t, R_t R_t and V_k P V_k, so those products compute only the tiles on or above the
+// diagonal (the rows past the last full column tile whole, instead of the ragged column tile) and
+// mirror the rest; V and R stay exactly symmetric. The closing step's T = V P is computed in full
+// (symmetrising it would make 2V - T V unstable: the commutator of V and P would no longer
+// cancel), its ragged columns as rows of P V. Other matrices get full products. The first product
+// step needs no product: V_1 = V_0 + R_0 / s.
 //
 // Work split: with at least as many matrices as threads each thread runs whole matrices; with
 // fewer, every product is split over row blocks (one parallel region per product).
@@ -50,7 +50,8 @@ constexpr int64_t kMaxTiledSize = 512;  // larger M: batched matmul (BLAS)
 template <typename T>
 constexpr int64_t kCols = 64 / sizeof(T);  // output columns per register tile
 
-enum class Epilogue { kStore, kTwiceVMinus, kSubtract };  // C = AB | 2V - AB | C - AB
+// C = AB | 2V - AB | V + AB | C - AB | C + AB
+enum class Epilogue { kStore, kTwiceVMinus, kVPlus, kSubtract, kAccumulate };
 
 // One 64-byte vector of T (GCC/Clang vector extension: a zmm, two ymm or four xmm registers).
 // Its helpers are inlined internal functions, so the ABI note GCC gives for 64-byte vector
@@ -98,7 +99,9 @@ MMLINATTN_INLINE void tile(const T* a, const T* b, const T* v, T* c, int64_t m, 
       if constexpr (E == Epilogue::kStore) store(cr, acc[r][w]);
       if constexpr (E == Epilogue::kTwiceVMinus)
         store(cr, T(2) * load(v + r * ld + w * W) - acc[r][w]);
+      if constexpr (E == Epilogue::kVPlus) store(cr, load(v + r * ld + w * W) + acc[r][w]);
       if constexpr (E == Epilogue::kSubtract) store(cr, load(cr) - acc[r][w]);
+      if constexpr (E == Epilogue::kAccumulate) store(cr, load(cr) + acc[r][w]);
     }
 }
 
@@ -148,8 +151,13 @@ MMLINATTN_INLINE void product_rows_dispatch(const T* a, const T* b, const T* v, 
     case Epilogue::kTwiceVMinus:
       return product_rows_impl<T, MaxVecs, Epilogue::kTwiceVMinus>(a, b, v, c, i0, i1, m, ld,
                                                                    tiles);
+    case Epilogue::kVPlus:
+      return product_rows_impl<T, MaxVecs, Epilogue::kVPlus>(a, b, v, c, i0, i1, m, ld, tiles);
     case Epilogue::kSubtract:
       return product_rows_impl<T, MaxVecs, Epilogue::kSubtract>(a, b, v, c, i0, i1, m, ld, tiles);
+    case Epilogue::kAccumulate:
+      return product_rows_impl<T, MaxVecs, Epilogue::kAccumulate>(a, b, v, c, i0, i1, m, ld,
+                                                                  tiles);
   }
 }
 
@@ -315,45 +323,95 @@ struct Shifted {
   }
 };
 
-// V_1 = 2 V_0 - V_0 P V_0 with V_0 = I / s, as the products would give it: 2/s I - (P/s)/s.
+// max_i sum_j |R_ij| (the zero padding adds nothing); a NaN row makes it NaN. Each row is summed
+// in 64-byte vectors, then across the lanes in order: a scalar chain of M dependent additions per
+// row took longer than the two half products of a step at M = 49.
 template <typename T>
-void first_step(const Shifted<T>& s, T* v, int64_t m, int64_t ld) {
-  const T inv = T(1) / s.norm;
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < m; ++j)
-      v[i * ld + j] = (i == j ? T(2) * inv : T(0)) - (s.p[i * ld + j] * inv) * inv;
+MMLINATTN_INLINE T norm_inf_impl(const T* r, int64_t m, int64_t ld) {
+  using V = typename Vector<T>::type;
+  T norm = T(0);
+  for (int64_t i = 0; i < m; ++i) {
+    V sum = V{};
+    for (int64_t j = 0; j < ld; j += kCols<T>) {
+      const V x = load(r + i * ld + j);
+      sum += x < T(0) ? -x : x;
+    }
+    T row = T(0);
+    for (int l = 0; l < kCols<T>; ++l) row += sum[l];
+    if (!(row <= norm) && !std::isnan(norm)) norm = row;
+  }
+  return norm;
 }
 
-// The iteration for one matrix: V_t for t = 1 .. iters into v (scratch t, w); with `history`,
-// V_0 .. V_{iters-1} and T_t = V_t P (t < iters) are kept for the backward.
+MMLINATTN_CPU_CLONES float norm_inf(const float* r, int64_t m, int64_t ld) {
+  return norm_inf_impl(r, m, ld);
+}
+MMLINATTN_CPU_CLONES double norm_inf(const double* r, int64_t m, int64_t ld) {
+  return norm_inf_impl(r, m, ld);
+}
+
+// The iterates one matrix's backward needs: V_0 .. V_k, R_0 .. R_{k-1} and T_k = V_k P, with k
+// the product steps taken.
 template <typename T>
-void iterate(const Shifted<T>& s, int64_t iters, int64_t m, int64_t ld, T* v, T* scratch_t,
-             T* scratch_w, std::vector<T>* history_v = nullptr,
-             std::vector<T>* history_t = nullptr) {
+struct History {
+  std::vector<T> v, r, t;
+  History(int64_t iters, int64_t size) : v(iters * size), r(iters * size), t(size) {}
+};
+
+// Work matrices of the iteration: the iterate, the residual, T = V P and room for the next.
+template <typename T>
+struct Work {
+  std::vector<T> data;
+  T *v, *v_next, *r, *r_next, *t;
+  explicit Work(int64_t size) : data(5 * size, T(0)) {
+    v = data.data(), v_next = v + size, r = v_next + size, r_next = r + size, t = r_next + size;
+  }
+};
+
+// The iteration for one matrix (newton_schulz.h): product steps V_{t+1} = V_t + V_t R_t,
+// R_{t+1} = R_t R_t while t < iters - 1 and ||R_t||_inf > u, then the Newton–Schulz step
+// V_{k+1} = 2 V_k - (V_k P) V_k. The result is left in w.v; returns k. Symmetric P: every V_t
+// and R_t is symmetric, so the products compute the upper tiles and mirror them.
+template <typename T>
+int64_t iterate(const Shifted<T>& s, int64_t iters, int64_t m, int64_t ld, Work<T>& w,
+                History<T>* history = nullptr) {
   const int64_t size = m * ld;
-  const bool sym = s.symmetric;
-  if (history_v) {
-    std::fill(history_v->begin(), history_v->begin() + size, T(0));
-    for (int64_t i = 0; i < m; ++i) (*history_v)[i * ld + i] = T(1) / s.norm;
-    // T_0 = V_0 P = P / s, what the product gives for a diagonal V_0
-    for (int64_t e = 0; e < size; ++e) (*history_t)[e] = s.p[e] * (T(1) / s.norm);
-  }
-  first_step(s, v, m, ld);
-  T* cur = v;
-  T* next = scratch_w;
-  for (int64_t step = 1; step < iters; ++step) {
-    if (history_v) std::copy(cur, cur + size, history_v->begin() + step * size);
-    T* t = history_t ? history_t->data() + step * size : scratch_t;
-    if (sym) {  // T = V P; next = 2V - T V, symmetric: upper half
-      product_symmetric_factors(cur, s.p.data(), t, next, m, ld);
-      product(t, cur, cur, next, m, ld, Epilogue::kTwiceVMinus, Tiles::kUpper);
-    } else {
-      product(cur, s.p.data(), cur, t, m, ld, Epilogue::kStore);
-      product(t, cur, cur, next, m, ld, Epilogue::kTwiceVMinus);
+  const Tiles half = s.symmetric ? Tiles::kUpper : Tiles::kFull;
+  const T inv = T(1) / s.norm, unit_roundoff = std::numeric_limits<T>::epsilon() / 2;
+  for (int64_t i = 0; i < m; ++i)  // V_0 = I / s; R_0 = I - V_0 P, as the product gives it
+    for (int64_t j = 0; j < m; ++j) {
+      w.v[i * ld + j] = i == j ? inv : T(0);
+      w.r[i * ld + j] = (i == j ? T(1) : T(0)) - s.p[i * ld + j] * inv;
     }
-    std::swap(cur, next);
+  int64_t k = 0;
+  for (; k + 1 < iters && !(norm_inf(w.r, m, ld) <= unit_roundoff); ++k) {
+    if (history) {
+      std::copy(w.v, w.v + size, history->v.begin() + k * size);
+      std::copy(w.r, w.r + size, history->r.begin() + k * size);
+    }
+    if (k == 0) {  // V_1 = V_0 + V_0 R_0 for the diagonal V_0: no product
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < m; ++j) w.v[i * ld + j] += inv * w.r[i * ld + j];
+    } else {
+      product(w.v, w.r, w.v, w.v_next, m, ld, Epilogue::kVPlus, half);
+      std::swap(w.v, w.v_next);
+    }
+    if (k + 2 < iters) {  // R_{k+1}, needed by the next product step
+      product(w.r, w.r, w.r, w.r_next, m, ld, Epilogue::kStore, half);
+      std::swap(w.r, w.r_next);
+    }
   }
-  if (cur != v) std::copy(cur, cur + size, v);
+  T* t = history ? history->t.data() : w.t;
+  if (history) std::copy(w.v, w.v + size, history->v.begin() + k * size);
+  if (s.symmetric) {  // T = V P; V' = 2V - T V, symmetric: upper half
+    product_symmetric_factors(w.v, s.p.data(), t, w.v_next, m, ld);
+    product(t, w.v, w.v, w.v_next, m, ld, Epilogue::kTwiceVMinus, Tiles::kUpper);
+  } else {
+    product(w.v, s.p.data(), w.v, t, m, ld, Epilogue::kStore);
+    product(t, w.v, w.v, w.v_next, m, ld, Epilogue::kTwiceVMinus);
+  }
+  std::swap(w.v, w.v_next);
+  return k;
 }
 
 template <typename T>
@@ -392,14 +450,16 @@ void forward_impl(const at::Tensor& a, int64_t iters, double eps, at::Tensor& v_
   T* res = residual.numel() ? residual.mutable_data_ptr<T>() : nullptr;
   for_each_matrix(batch, [&](int64_t n) {
     const Shifted<T> s(a_ptr + n * m * m, m, ld, eps);
-    std::vector<T> work(3 * size, T(0));
-    T* v = work.data();
-    iterate(s, iters, m, ld, v, v + size, v + 2 * size);
-    for (int64_t i = 0; i < m; ++i) std::copy(v + i * ld, v + i * ld + m, v_ptr + (n * m + i) * m);
-    if (res) res[n] = residual_of(s, v, v + size, m, ld);
+    Work<T> w(size);
+    iterate(s, iters, m, ld, w);
+    for (int64_t i = 0; i < m; ++i)
+      std::copy(w.v + i * ld, w.v + i * ld + m, v_ptr + (n * m + i) * m);
+    if (res) res[n] = residual_of(s, w.v, w.t, m, ld);
   });
 }
 
+// The gradient through the Newton–Schulz step on V_k, the k product steps (newton_schulz.h)
+// and the start V_0 = I / s, R_0 = I - P / s.
 template <typename T>
 void backward_impl(const at::Tensor& grad, const at::Tensor& a, int64_t iters, double eps,
                    at::Tensor& grad_a) {
@@ -409,13 +469,18 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& a, int64_t iters, d
   T* out_ptr = grad_a.mutable_data_ptr<T>();
   for_each_matrix(batch, [&](int64_t n) {
     const Shifted<T> s(a_ptr + n * m * m, m, ld, eps);
-    std::vector<T> history_v(iters * size), history_t(iters * size);
-    // g, g_next, vt_g, dp, and the transposes V^T, T^T, P^T for non-symmetric P
-    std::vector<T> work(7 * size, T(0));
-    T *g = work.data(), *g_next = g + size, *vt_g = g_next + size, *dp = vt_g + size;
-    T *v_tr = dp + size, *t_tr = v_tr + size, *p_tr = t_tr + size;
-    iterate(s, iters, m, ld, g_next, g, vt_g, &history_v, &history_t);
-    std::fill(work.begin(), work.begin() + 2 * size, T(0));
+    History<T> history(iters, size);
+    int64_t k;
+    {
+      Work<T> w(size);
+      k = iterate(s, iters, m, ld, w, &history);
+    }
+    // g = dL/dV_t, d = dL/dR_t (and their next values), V^T G, dP, and for non-symmetric P the
+    // transposes V^T, R^T (or T^T), P^T
+    std::vector<T> work(9 * size, T(0));
+    T *g = work.data(), *g_next = g + size, *d = g_next + size, *d_next = d + size;
+    T *vt_g = d_next + size, *dp = vt_g + size, *v_tr = dp + size, *r_tr = v_tr + size;
+    T* p_tr = r_tr + size;
     for (int64_t i = 0; i < m; ++i)
       std::copy(g_ptr + (n * m + i) * m, g_ptr + (n * m + i + 1) * m, g + i * ld);
     const T* p_t = s.p.data();
@@ -423,31 +488,49 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& a, int64_t iters, d
       transpose(s.p.data(), p_tr, m, ld);
       p_t = p_tr;
     }
-    for (int64_t t = iters - 1; t >= 0; --t) {
-      const T* v = history_v.data() + t * size;
-      const T* tt = history_t.data() + t * size;
-      // Symmetric P: V^T = V, P^T = P and (P V)^T = V P = T. Otherwise V^T and, as P V = V P,
-      // (P V)^T = T^T.
-      if (!s.symmetric) {
-        transpose(v, v_tr, m, ld);
-        transpose(tt, t_tr, m, ld);
-        v = v_tr;
-        tt = t_tr;
-      }
-      product(v, g, g, vt_g, m, ld, Epilogue::kStore);          // V^T G
-      product(vt_g, v, v, dp, m, ld, Epilogue::kSubtract);       // dP -= V^T G V^T
-      product(g, tt, g, g_next, m, ld, Epilogue::kTwiceVMinus);  // 2G - G T^T
+    // Symmetric P: V^T = V, R^T = R, P^T = P and (P V)^T = V P = T. Otherwise the transposes
+    // (P V = V P, so (P V)^T = T^T).
+    const auto transposed = [&](const T* x, T* x_tr) {
+      if (s.symmetric) return x;
+      transpose(x, x_tr, m, ld);
+      return static_cast<const T*>(x_tr);
+    };
+    {  // V_{k+1} = 2 V_k - V_k P V_k
+      const T* v = transposed(history.v.data() + k * size, v_tr);
+      const T* tt = transposed(history.t.data(), r_tr);
+      product(v, g, g, vt_g, m, ld, Epilogue::kStore);               // V^T G
+      product(vt_g, v, v, dp, m, ld, Epilogue::kSubtract);            // dP -= V^T G V^T
+      product(g, tt, g, g_next, m, ld, Epilogue::kTwiceVMinus);      // 2G - G T^T
       product(p_t, vt_g, vt_g, g_next, m, ld, Epilogue::kSubtract);  // - P^T V^T G
       std::swap(g, g_next);
     }
-    // V_0 = I / s: dL/ds = -tr(G_0) / s^2, shared by the rows attaining s.
-    T trace = T(0);
+    for (int64_t t = k - 1; t >= 0; --t) {  // V_{t+1} = V_t + V_t R_t, R_{t+1} = R_t R_t
+      const T* v = transposed(history.v.data() + t * size, v_tr);
+      const T* r = transposed(history.r.data() + t * size, r_tr);
+      product(v, g, g, d_next, m, ld, Epilogue::kStore);  // dR_t = V^T G
+      if (t + 1 < k) {                                    // + dR_{t+1} R^T + R^T dR_{t+1}
+        product(d, r, d, d_next, m, ld, Epilogue::kAccumulate);
+        product(r, d, d, d_next, m, ld, Epilogue::kAccumulate);
+      }
+      product(g, r, g, g_next, m, ld, Epilogue::kVPlus);  // G + G R^T
+      std::swap(g, g_next);
+      std::swap(d, d_next);
+    }
+    // R_0 = I - P / s: dP -= dR_0 / s; with V_0 = I / s, dL/d(1/s) = tr(G_0) - <dR_0, P>, and
+    // dL/ds = -dL/d(1/s) / s^2, shared by the rows attaining s.
+    const T inv = T(1) / s.norm;
+    T d_inv = T(0);
     int64_t at_max = 0;
     for (int64_t i = 0; i < m; ++i) {
-      trace += g[i * ld + i];
+      d_inv += g[i * ld + i];
       at_max += s.row_sums[i] == s.norm;
+      if (k > 0)
+        for (int64_t j = 0; j < m; ++j) {
+          d_inv -= d[i * ld + j] * s.p[i * ld + j];
+          dp[i * ld + j] -= inv * d[i * ld + j];
+        }
     }
-    const T share = -trace / (s.norm * s.norm) / static_cast<T>(at_max);
+    const T share = -d_inv / (s.norm * s.norm) / static_cast<T>(at_max);
     for (int64_t i = 0; i < m; ++i) {
       const bool is_max = s.row_sums[i] == s.norm;
       T* out_row = out_ptr + (n * m + i) * m;

@@ -1,10 +1,10 @@
 // CUDA Newton–Schulz inverse (fp32, fp64; the formulas are in newton_schulz.h).
 //
-// Forward, fp32 matrices whose P, V and one work matrix fit in a block's opt-in shared memory
-// (3 M^2 floats, M <= ~117 on A100, ~139 on H100/H200): one thread block per matrix runs all
-// steps in shared memory, a warp per matrix row, every entry summed in a fixed order. Larger M and
-// fp64: the device-agnostic batched-matmul path (cuBLAS through at::bmm / at::baddbmm), so M has
-// no cap. Backward: the batched-matmul backward (the exact gradient of the computed iterate).
+// Forward, fp32 matrices whose R (then P), V and one work matrix fit in a block's opt-in shared
+// memory (3 M^2 floats, M <= ~117 on A100, ~139 on H100/H200): one thread block per matrix runs
+// all steps in shared memory, a warp per matrix row, every entry summed in a fixed order. Larger
+// M and fp64: the device-agnostic batched-matmul path (cuBLAS through at::bmm / at::baddbmm), so M
+// has no cap. Backward: the batched-matmul backward (the exact gradient of the computed iterate).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -43,62 +43,104 @@ __device__ float block_sum(float value, float* warp_sums) {
   return total;
 }
 
+// max_i sum_j |X_ij| of a row-major m x m matrix in shared memory: row sums into sums[0..m),
+// then the maximum in row order by thread 0 into *out (a NaN row sum makes it NaN; fmaxf would
+// drop it). Every thread calls it; *out is valid after it returns.
+__device__ void norm_inf(const float* x, float* sums, float* out, int m) {
+  for (int i = threadIdx.x; i < m; i += blockDim.x) {
+    float row = 0.f;
+    for (int j = 0; j < m; ++j) row += fabsf(x[i * m + j]);
+    sums[i] = row;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float norm = sums[0];
+    for (int i = 1; i < m; ++i)
+      norm = (sums[i] > norm || isnan(sums[i])) && !isnan(norm) ? sums[i] : norm;
+    *out = norm;
+  }
+  __syncthreads();
+}
+
 // One block per matrix; blockDim.x is a multiple of 32. Products are computed a row per warp
-// (lanes over columns), so the update V' = 2V - (V P) V can overwrite row i of T = V P in place:
-// only the warp that owns row i reads it.
+// (lanes over columns), so an update of row i that reads only row i of its left factor (V + V R,
+// 2V - T V) can overwrite that row in place: only the warp that owns row i reads it.
 __global__ void __launch_bounds__(kMaxThreads)
     newton_schulz_shared_kernel(const float* __restrict__ a, float* __restrict__ v_out,
                                 float* __restrict__ residual, int m, int iters, float eps) {
   extern __shared__ float smem[];
   __shared__ float warp_sums[kMaxThreads / 32];
-  __shared__ float inv_norm;
+  __shared__ float norm;
   const int mm = m * m, tid = threadIdx.x, threads = blockDim.x;
   const int lane = tid % 32, warp = tid / 32, warps = threads / 32;
-  float* p = smem;       // P = a + eps I
-  float* v = p + mm;     // iterate V
-  float* t = v + mm;     // work matrix
+  constexpr float kUnitRoundoff = 5.9604645e-8f;  // 2^-24
+  float* r = smem;    // R_t; P for the last step
+  float* v = r + mm;  // V_t
+  float* w = v + mm;  // work matrix
   a += static_cast<int64_t>(blockIdx.x) * mm;
-  for (int e = tid; e < mm; e += threads)
-    p[e] = a[e] + (e / m == e % m ? eps : 0.f);
+  for (int e = tid; e < mm; e += threads) w[e] = a[e] + (e / m == e % m ? eps : 0.f);  // P
   __syncthreads();
-  // ||P||_inf: row sums in t[0..m), then the maximum in row order by thread 0.
-  for (int i = tid; i < m; i += threads) {
-    float row = 0.f;
-    for (int j = 0; j < m; ++j) row += fabsf(p[i * m + j]);
-    t[i] = row;
+  norm_inf(w, v, &norm, m);  // s = ||P||_inf (row sums in v, overwritten below)
+  const float inv = 1.f / norm;
+  for (int e = tid; e < mm; e += threads) {  // V_0 = I / s, R_0 = I - P / s; V_1 = V_0 + V_0 R_0
+    const bool diagonal = e / m == e % m;
+    r[e] = (diagonal ? 1.f : 0.f) - w[e] * inv;
+    v[e] = diagonal ? inv : 0.f;
   }
   __syncthreads();
-  if (tid == 0) {  // the maximum in row order; a NaN row sum makes it NaN (fmaxf would drop it)
-    float norm = t[0];
-    for (int i = 1; i < m; ++i) norm = (t[i] > norm || isnan(t[i])) && !isnan(norm) ? t[i] : norm;
-    inv_norm = 1.f / norm;
-  }
-  __syncthreads();
-  for (int e = tid; e < mm; e += threads) v[e] = (e / m == e % m) ? inv_norm : 0.f;
-  __syncthreads();
-  for (int it = 0; it < iters; ++it) {
-    for (int i = warp; i < m; i += warps)  // T = V P
-      for (int j = lane; j < m; j += 32) t[i * m + j] = product_entry(v, p, m, i, j);
-    __syncthreads();
-    for (int i = warp; i < m; i += warps) {  // T <- 2V - T V, row i by its own warp
-      float row[kMaxEntriesPerLane];
+  for (int k = 0; k + 1 < iters; ++k) {
+    norm_inf(r, w, &norm, m);
+    if (norm <= kUnitRoundoff) break;  // the same value in every thread
+    if (k == 0) {  // V_1 = V_0 + V_0 R_0 for the diagonal V_0: no product
+      for (int e = tid; e < mm; e += threads) v[e] += inv * r[e];
+    } else {
+      for (int i = warp; i < m; i += warps) {  // V <- V + V R, row i by its own warp
+        float row[kMaxEntriesPerLane];
 #pragma unroll
-      for (int s = 0; s < kMaxEntriesPerLane; ++s) {
-        const int j = lane + 32 * s;
-        if (j < m) row[s] = 2.f * v[i * m + j] - product_entry(t, v, m, i, j);
-      }
-      __syncwarp();  // the whole row of T is read before any lane overwrites it
+        for (int s = 0; s < kMaxEntriesPerLane; ++s) {
+          const int j = lane + 32 * s;
+          if (j < m) row[s] = v[i * m + j] + product_entry(v, r, m, i, j);
+        }
+        __syncwarp();  // the whole row of V is read before any lane overwrites it
 #pragma unroll
-      for (int s = 0; s < kMaxEntriesPerLane; ++s) {
-        const int j = lane + 32 * s;
-        if (j < m) t[i * m + j] = row[s];
+        for (int s = 0; s < kMaxEntriesPerLane; ++s) {
+          const int j = lane + 32 * s;
+          if (j < m) v[i * m + j] = row[s];
+        }
       }
     }
+    if (k + 2 < iters)  // W = R R
+      for (int i = warp; i < m; i += warps)
+        for (int j = lane; j < m; j += 32) w[i * m + j] = product_entry(r, r, m, i, j);
     __syncthreads();
-    float* next = t;
-    t = v;
-    v = next;
+    if (k + 2 < iters) {
+      float* next = w;
+      w = r;
+      r = next;
+    }
   }
+  float* p = r;  // R is done with: P for the Newton–Schulz step and the residual
+  for (int e = tid; e < mm; e += threads) p[e] = a[e] + (e / m == e % m ? eps : 0.f);
+  __syncthreads();
+  for (int i = warp; i < m; i += warps)  // T = V P
+    for (int j = lane; j < m; j += 32) w[i * m + j] = product_entry(v, p, m, i, j);
+  __syncthreads();
+  for (int i = warp; i < m; i += warps) {  // T <- 2V - T V, row i by its own warp
+    float row[kMaxEntriesPerLane];
+#pragma unroll
+    for (int s = 0; s < kMaxEntriesPerLane; ++s) {
+      const int j = lane + 32 * s;
+      if (j < m) row[s] = 2.f * v[i * m + j] - product_entry(w, v, m, i, j);
+    }
+    __syncwarp();  // the whole row of T is read before any lane overwrites it
+#pragma unroll
+    for (int s = 0; s < kMaxEntriesPerLane; ++s) {
+      const int j = lane + 32 * s;
+      if (j < m) w[i * m + j] = row[s];
+    }
+  }
+  __syncthreads();
+  v = w;
   float* v_dst = v_out + static_cast<int64_t>(blockIdx.x) * mm;
   for (int e = tid; e < mm; e += threads) v_dst[e] = v[e];
   if (residual == nullptr) return;
