@@ -351,11 +351,14 @@ MMLINATTN_CPU_CLONES double norm_inf(const double* r, int64_t m, int64_t ld) {
 }
 
 // The iterates one matrix's backward needs: V_0 .. V_k, R_0 .. R_{k-1} and T_k = V_k P, with k
-// the product steps taken.
+// the product steps taken (the buffers grow with k, not with iters).
 template <typename T>
 struct History {
   std::vector<T> v, r, t;
-  History(int64_t iters, int64_t size) : v(iters * size), r(iters * size), t(size) {}
+  explicit History(int64_t size) : t(size) {}
+  static void append(std::vector<T>& to, const T* x, int64_t size) {
+    to.insert(to.end(), x, x + size);
+  }
 };
 
 // Work matrices of the iteration: the iterate, the residual, T = V P and room for the next.
@@ -386,8 +389,8 @@ int64_t iterate(const Shifted<T>& s, int64_t iters, int64_t m, int64_t ld, Work<
   int64_t k = 0;
   for (; k + 1 < iters && !(norm_inf(w.r, m, ld) <= unit_roundoff); ++k) {
     if (history) {
-      std::copy(w.v, w.v + size, history->v.begin() + k * size);
-      std::copy(w.r, w.r + size, history->r.begin() + k * size);
+      History<T>::append(history->v, w.v, size);
+      History<T>::append(history->r, w.r, size);
     }
     if (k == 0) {  // V_1 = V_0 + V_0 R_0 for the diagonal V_0: no product
       for (int64_t i = 0; i < m; ++i)
@@ -402,7 +405,7 @@ int64_t iterate(const Shifted<T>& s, int64_t iters, int64_t m, int64_t ld, Work<
     }
   }
   T* t = history ? history->t.data() : w.t;
-  if (history) std::copy(w.v, w.v + size, history->v.begin() + k * size);
+  if (history) History<T>::append(history->v, w.v, size);
   if (s.symmetric) {  // T = V P; V' = 2V - T V, symmetric: upper half
     product_symmetric_factors(w.v, s.p.data(), t, w.v_next, m, ld);
     product(t, w.v, w.v, w.v_next, m, ld, Epilogue::kTwiceVMinus, Tiles::kUpper);
@@ -469,7 +472,7 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& a, int64_t iters, d
   T* out_ptr = grad_a.mutable_data_ptr<T>();
   for_each_matrix(batch, [&](int64_t n) {
     const Shifted<T> s(a_ptr + n * m * m, m, ld, eps);
-    History<T> history(iters, size);
+    History<T> history(size);
     int64_t k;
     {
       Work<T> w(size);
