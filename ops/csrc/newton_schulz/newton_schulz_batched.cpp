@@ -1,7 +1,9 @@
 // Newton–Schulz forward and backward from batched matrix products, on any device and for any M
 // (the formulas are in newton_schulz.h). Every product is an at::bmm / at::baddbmm, whose
 // reductions run in a fixed order on a given device and library. A matrix that stops early keeps
-// its V through the remaining product steps (at::where on a per-matrix mask): no host sync.
+// its V through the remaining product steps (at::where on a per-matrix mask). On the CPU the steps
+// also end once every matrix of the batch has stopped (reading the mask costs nothing there); on
+// other devices that read would be a host sync, so the masked steps run to the end.
 #include <limits>
 #include <vector>
 
@@ -27,8 +29,8 @@ Start start(const at::Tensor& a, double eps) {
   return s;
 }
 
-// The product steps: V_0 .. V_{n-1}, R_0 .. R_{n-2} and the masks running_0 .. running_{n-2}
-// (n = iters), where running_t = running_{t-1} and not ||R_t||_inf <= u.
+// The product steps: V_0 .. V_n, R_0 .. R_{n-1} and the masks running_0 .. running_{n-1}, where
+// running_t = running_{t-1} and not ||R_t||_inf <= u; n = iters - 1, or fewer on the CPU.
 struct Products {
   std::vector<at::Tensor> v, r, running;
 };
@@ -37,11 +39,13 @@ Products product_steps(const Start& s, int64_t iters) {
   const double unit_roundoff =
       s.p.scalar_type() == at::kDouble ? std::numeric_limits<double>::epsilon() / 2
                                        : std::numeric_limits<float>::epsilon() / 2;
+  const bool host_reads_mask = s.p.device().is_cpu();
   Products out{{s.v0}, {}, {}};
   at::Tensor r = s.r0, running = at::ones_like(s.inv, s.inv.options().dtype(at::kBool));
   for (int64_t t = 0; t + 1 < iters; ++t) {
     const at::Tensor norm = r.abs().sum(-1).amax(-1).view({-1, 1, 1});
     running = running.logical_and(norm.le(unit_roundoff).logical_not());
+    if (host_reads_mask && !running.any().item<bool>()) break;  // every matrix has stopped
     const at::Tensor& v = out.v.back();
     out.r.push_back(r);
     out.running.push_back(running);
@@ -93,11 +97,12 @@ at::Tensor newton_schulz_backward_batched_matmul(const at::Tensor& grad_in, cons
                              vt_g, 1, -1);
   at::Tensor d = at::zeros_like(a);  // dL/dR_{t+1}
   const at::Tensor zero = at::zeros({}, a.options());
-  for (int64_t t = iters - 2; t >= 0; --t) {  // V_{t+1} = V_t + V_t R_t where running_t
+  const int64_t n = static_cast<int64_t>(steps.r.size());
+  for (int64_t t = n - 1; t >= 0; --t) {  // V_{t+1} = V_t + V_t R_t where running_t
     const at::Tensor v_t = steps.v[t].transpose(1, 2), r_t = steps.r[t].transpose(1, 2);
     const at::Tensor& running = steps.running[t];
     at::Tensor d_t = at::where(running, at::bmm(v_t, g), zero);  // V^T G
-    if (t + 2 < iters)                                            // R_{t+1} = R_t R_t
+    if (t + 1 < n)                                                // R_{t+1} = R_t R_t
       d_t = at::baddbmm(at::baddbmm(d_t, d, r_t), r_t, d);        // + D R^T + R^T D
     g = g + at::where(running, at::bmm(g, r_t), zero);            // G + G R^T
     d = d_t;
