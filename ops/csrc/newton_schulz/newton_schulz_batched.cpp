@@ -5,6 +5,7 @@
 // also end once every matrix of the batch has stopped (reading the mask costs nothing there); on
 // other devices that read would be a host sync, so the masked steps run to the end.
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "newton_schulz.h"
@@ -30,12 +31,13 @@ Start start(const at::Tensor& a, double eps) {
 }
 
 // The product steps: V_0 .. V_n, R_0 .. R_{n-1} and the masks running_0 .. running_{n-1}, where
-// running_t = running_{t-1} and not ||R_t||_inf <= u; n = iters - 1, or fewer on the CPU.
+// running_t = running_{t-1} and not ||R_t||_inf <= u; n = iters - 1, or fewer on the CPU. Without
+// keep_history (the forward) only the last V is kept.
 struct Products {
   std::vector<at::Tensor> v, r, running;
 };
 
-Products product_steps(const Start& s, int64_t iters) {
+Products product_steps(const Start& s, int64_t iters, bool keep_history) {
   const double unit_roundoff =
       s.p.scalar_type() == at::kDouble ? std::numeric_limits<double>::epsilon() / 2
                                        : std::numeric_limits<float>::epsilon() / 2;
@@ -47,9 +49,14 @@ Products product_steps(const Start& s, int64_t iters) {
     running = running.logical_and(norm.le(unit_roundoff).logical_not());
     if (host_reads_mask && !running.any().item<bool>()) break;  // every matrix has stopped
     const at::Tensor& v = out.v.back();
-    out.r.push_back(r);
-    out.running.push_back(running);
-    out.v.push_back(at::where(running, at::baddbmm(v, v, r), v));  // V + V R
+    at::Tensor v_next = at::where(running, at::baddbmm(v, v, r), v);  // V + V R
+    if (keep_history) {
+      out.r.push_back(r);
+      out.running.push_back(running);
+      out.v.push_back(std::move(v_next));
+    } else {
+      out.v.back() = std::move(v_next);
+    }
     if (t + 2 < iters) r = at::bmm(r, r);
   }
   return out;
@@ -71,7 +78,8 @@ std::tuple<at::Tensor, at::Tensor> newton_schulz_batched_matmul(const at::Tensor
   if (a.numel() == 0)
     return {at::empty_like(a), at::zeros({with_residual ? batch : 0}, a.options())};
   const Start s = start(a, eps);
-  const at::Tensor v = newton_schulz_step(product_steps(s, iters).v.back(), s.p).contiguous();
+  const at::Tensor v_last = product_steps(s, iters, /*keep_history=*/false).v.back();
+  const at::Tensor v = newton_schulz_step(v_last, s.p).contiguous();
   const at::Tensor eye = at::eye(m, a.options());
   at::Tensor residual = with_residual ? at::linalg_matrix_norm(eye - at::bmm(s.p, v), "fro",
                                                                {-2, -1}) /
@@ -86,7 +94,7 @@ at::Tensor newton_schulz_backward_batched_matmul(const at::Tensor& grad_in, cons
   const at::Tensor a = a_in.contiguous();
   if (a.numel() == 0) return at::zeros_like(a);
   const Start s = start(a, eps);
-  const Products steps = product_steps(s, iters);
+  const Products steps = product_steps(s, iters, /*keep_history=*/true);
   // V_n = 2 V - V P V with V = V_{n-1}
   const at::Tensor v_last = steps.v.back().transpose(1, 2);
   const at::Tensor vt_g = at::bmm(v_last, grad_in.contiguous());           // V^T G
