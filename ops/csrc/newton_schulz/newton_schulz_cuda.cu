@@ -62,9 +62,35 @@ __device__ void norm_inf(const float* x, float* sums, float* out, int m) {
   __syncthreads();
 }
 
+// P = a + eps I into dst (all threads; the caller synchronises).
+__device__ void load_shifted(const float* a, float* dst, int mm, int m, float eps) {
+  for (int e = threadIdx.x; e < mm; e += blockDim.x) dst[e] = a[e] + (e / m == e % m ? eps : 0.f);
+}
+
+// x <- f(i, j, (X Y)_ij) row by row, in place: row i of X Y reads only row i of X, so the warp
+// that owns row i reads it whole into registers, then overwrites it.
+template <typename F>
+__device__ void update_rows_in_place(float* x, const float* y, int m, F f) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int i = warp; i < m; i += warps) {
+    float row[kMaxEntriesPerLane];
+#pragma unroll
+    for (int s = 0; s < kMaxEntriesPerLane; ++s) {
+      const int j = lane + 32 * s;
+      if (j < m) row[s] = f(i, j, product_entry(x, y, m, i, j));
+    }
+    __syncwarp();  // the whole row of X is read before any lane overwrites it
+#pragma unroll
+    for (int s = 0; s < kMaxEntriesPerLane; ++s) {
+      const int j = lane + 32 * s;
+      if (j < m) x[i * m + j] = row[s];
+    }
+  }
+}
+
 // One block per matrix; blockDim.x is a multiple of 32. Products are computed a row per warp
-// (lanes over columns), so an update of row i that reads only row i of its left factor (V + V R,
-// 2V - T V) can overwrite that row in place: only the warp that owns row i reads it.
+// (lanes over columns), so V + V R and 2V - T V overwrite their left factor in place
+// (update_rows_in_place).
 __global__ void __launch_bounds__(kMaxThreads)
     newton_schulz_shared_kernel(const float* __restrict__ a, float* __restrict__ v_out,
                                 float* __restrict__ residual, int m, int iters, float eps) {
@@ -78,11 +104,11 @@ __global__ void __launch_bounds__(kMaxThreads)
   float* v = r + mm;  // V_t
   float* w = v + mm;  // work matrix
   a += static_cast<int64_t>(blockIdx.x) * mm;
-  for (int e = tid; e < mm; e += threads) w[e] = a[e] + (e / m == e % m ? eps : 0.f);  // P
+  load_shifted(a, w, mm, m, eps);
   __syncthreads();
   norm_inf(w, v, &norm, m);  // s = ||P||_inf (row sums in v, overwritten below)
   const float inv = 1.f / norm;
-  for (int e = tid; e < mm; e += threads) {  // V_0 = I / s, R_0 = I - P / s; V_1 = V_0 + V_0 R_0
+  for (int e = tid; e < mm; e += threads) {  // V_0 = I / s, R_0 = I - P / s
     const bool diagonal = e / m == e % m;
     r[e] = (diagonal ? 1.f : 0.f) - w[e] * inv;
     v[e] = diagonal ? inv : 0.f;
@@ -93,21 +119,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     if (norm <= kUnitRoundoff) break;  // the same value in every thread
     if (k == 0) {  // V_1 = V_0 + V_0 R_0 for the diagonal V_0: no product
       for (int e = tid; e < mm; e += threads) v[e] += inv * r[e];
-    } else {
-      for (int i = warp; i < m; i += warps) {  // V <- V + V R, row i by its own warp
-        float row[kMaxEntriesPerLane];
-#pragma unroll
-        for (int s = 0; s < kMaxEntriesPerLane; ++s) {
-          const int j = lane + 32 * s;
-          if (j < m) row[s] = v[i * m + j] + product_entry(v, r, m, i, j);
-        }
-        __syncwarp();  // the whole row of V is read before any lane overwrites it
-#pragma unroll
-        for (int s = 0; s < kMaxEntriesPerLane; ++s) {
-          const int j = lane + 32 * s;
-          if (j < m) v[i * m + j] = row[s];
-        }
-      }
+    } else {  // V <- V + V R
+      update_rows_in_place(v, r, m, [&](int i, int j, float vr) { return v[i * m + j] + vr; });
     }
     if (k + 2 < iters)  // W = R R
       for (int i = warp; i < m; i += warps)
@@ -120,25 +133,13 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
   }
   float* p = r;  // R is done with: P for the Newton–Schulz step and the residual
-  for (int e = tid; e < mm; e += threads) p[e] = a[e] + (e / m == e % m ? eps : 0.f);
+  load_shifted(a, p, mm, m, eps);
   __syncthreads();
   for (int i = warp; i < m; i += warps)  // T = V P
     for (int j = lane; j < m; j += 32) w[i * m + j] = product_entry(v, p, m, i, j);
   __syncthreads();
-  for (int i = warp; i < m; i += warps) {  // T <- 2V - T V, row i by its own warp
-    float row[kMaxEntriesPerLane];
-#pragma unroll
-    for (int s = 0; s < kMaxEntriesPerLane; ++s) {
-      const int j = lane + 32 * s;
-      if (j < m) row[s] = 2.f * v[i * m + j] - product_entry(w, v, m, i, j);
-    }
-    __syncwarp();  // the whole row of T is read before any lane overwrites it
-#pragma unroll
-    for (int s = 0; s < kMaxEntriesPerLane; ++s) {
-      const int j = lane + 32 * s;
-      if (j < m) w[i * m + j] = row[s];
-    }
-  }
+  // T <- 2V - T V
+  update_rows_in_place(w, v, m, [&](int i, int j, float tv) { return 2.f * v[i * m + j] - tv; });
   __syncthreads();
   v = w;
   float* v_dst = v_out + static_cast<int64_t>(blockIdx.x) * mm;
