@@ -141,11 +141,11 @@ def newton_schulz_product_steps(a: torch.Tensor) -> torch.Tensor:
     return steps
 
 
-def newton_schulz_flops(m: int) -> float:
-    """The least fp32 flops of newton_schulz_inverse on the benchmark batch (symmetric P): per
-    matrix, k product steps (R R, M^3 flops as a half, except in a last step at NS_ITERS - 1;
-    V + V R, M^3, except the first), then the closing 2V - (V P) V, 3 M^3."""
-    k = newton_schulz_product_steps(_landmark_gram(m, 'cpu'))
+def newton_schulz_flops(m: int, k: torch.Tensor) -> float:
+    """The least fp32 flops of newton_schulz_inverse on a batch of symmetric M x M matrices that
+    take k [batch] product steps: per matrix, k product steps (R R, M^3 flops as a half, except in
+    a last step at NS_ITERS - 1; V + V R, M^3, except the first), then the closing
+    2V - (V P) V, 3 M^3."""
     squarings = k.clamp(max=NS_ITERS - 2)
     v_products = (k - 1).clamp(min=0)
     return float((squarings + v_products + 3).sum()) * m**3
@@ -153,6 +153,8 @@ def newton_schulz_flops(m: int) -> float:
 
 def summarise(results: Dict[str, Measurement], device: str) -> Section:
     limit = measured_cpu_limit() if device == 'cpu' else None
+    ns_steps = ({m: newton_schulz_product_steps(_landmark_gram(m, 'cpu')) for m in NS_SIZES}
+                if limit else {})
     rows = []
     for label, (b, h, n, m, d) in KERNEL_SHAPES.items():
         elem_ops = b * h * n * m * d
@@ -183,7 +185,7 @@ def summarise(results: Dict[str, Measurement], device: str) -> Section:
             both = results.get(f'newton_schulz M={m} {impl} fwd+bwd')
             bound = {}
             if limit and impl == 'compiled':
-                bound_ms = newton_schulz_flops(m) / limit['fma GFLOP/s'] / 1e6
+                bound_ms = newton_schulz_flops(m, ns_steps[m]) / limit['fma GFLOP/s'] / 1e6
                 bound = {'bound fwd ms': bound_ms, '% of limit fwd': 100 * bound_ms / res.time_ms}
             rows.append({**bound,
                 'op': f'newton_schulz (<= {NS_ITERS} steps)' if impl in NS_BACKWARD else impl,
@@ -211,10 +213,9 @@ def summarise(results: Dict[str, Measurement], device: str) -> Section:
                      f'{limit["fwd"]:.1f}, backward {limit["bwd"]:.1f}, forward+backward '
                      f'{limit["fwd+bwd"]:.1f} G element-ops/s; FMA peak '
                      f'{limit["fma GFLOP/s"]:.0f} GFLOP/s.')
-        steps = {m: newton_schulz_product_steps(_landmark_gram(m, 'cpu')).float().mean().item()
-                 for m in NS_SIZES}
         notes.append('Newton-Schulz bound = the flops of the steps taken (product steps: '
-                     + ', '.join(f'{k:.1f} on average at M={m}' for m, k in steps.items())
+                     + ', '.join(f'{k.float().mean().item():.1f} on average at M={m}'
+                                 for m, k in ns_steps.items())
                      + f', of {NS_ITERS - 1} allowed; 2 M^3 each as symmetric halves, then 3 M^3 '
                      f'for the closing step) x batch {NS_BATCH} at the FMA peak; its % of limit = '
                      'bound / measured time.')
