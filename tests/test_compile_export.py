@@ -17,6 +17,7 @@ import sys
 import pytest
 import torch
 
+from benchmarks.backbones import DYNAMIC_OPTIONS
 from mmlinattn.models.backbones import LaplacianFormer, PolaPVT, PolaSwin
 from mmlinattn.ops import laplacian_kernel, newton_schulz_inverse, polarity_linear_attention
 
@@ -104,17 +105,6 @@ def test_backbones_have_no_graph_break(compiled_ops, family):
 # ---- slow tier ---------------------------------------------------------------------------------
 
 
-# Inductor options for a dynamic-shape compile of each family. LaplacianFormer's graph returns views
-# whose strides are FloorDiv expressions of H and W (the landmark grid): inductor (torch 2.14.1) orders
-# such strides without a shape env and fails (`cannot determine truth value of Relational:
-# 32*((...)//8)*((...)//8) < 1`) unless it keeps their exact strides (strict_output_strides).
-# Pola-Swin's padded, rolled window partitions give index expressions in which inductor's C++ backend,
-# choosing the loops to vectorise, runs sympy.simplify on every stride (cpp.py TilingSelect ->
-# sizevars.stride_at): that compile did not finish in 6 minutes on 2 CPU cores. With
-# cpp.simdlen=1 (no vector ISA is 1 bit wide, so the C++ loops stay scalar; the GPU backends ignore
-# the setting) it compiles in ~2.7 min.
-DYNAMIC_OPTIONS = {'LaplacianFormer': {'strict_output_strides': True}, 'PolaPVT': None,
-                   'PolaSwin': {'cpp.simdlen': 1}}
 # With gradients, dynamic shapes hold for the forward graph only (torch 2.14.1): inductor's
 # convolution_backward lowering fixes the strides of its layouts to integers (`guard_int_seq` in
 # torch/_inductor/kernel/conv.py: `Eq(H/32 * W/32, 12)`), and with force_layout_optimization, which
@@ -183,8 +173,10 @@ def test_backbone_compile_matches_eager_cuda(compiled_ops, family):
 
 
 def check_dynamic_inference_compile(family, device):
-    """torch.compile(fullgraph=True, dynamic=True), inductor, inference: one graph serves three
-    input sizes (``fail_on_recompile`` after the first) and gives the eager outputs (1e-5 relative)."""
+    """torch.compile(fullgraph=True, dynamic=True), inductor, inference, with the family's
+    inductor options (DYNAMIC_OPTIONS, whose comment says why each is needed): one graph serves
+    three input sizes (``fail_on_recompile`` after the first) and gives the eager outputs (1e-5
+    relative)."""
     factory, sizes = BACKBONES[family]
     torch.manual_seed(0)
     model = factory().to(device).eval()

@@ -16,8 +16,11 @@ resident-set high-water mark of one call in a fresh process.
 ``--compile`` also measures each case under ``torch.compile(model, fullgraph=True)`` (inductor,
 static shapes: one compilation per backbone, size and phase, not timed: the first full-size call
 compiles, the median of ``--repeats`` further calls is reported) and adds ``compiled ... ms``
-columns and eager / compiled ratios. Compiled cases report no peak memory (the child process
-would compile again).
+columns and eager / compiled ratios. ``--compile dynamic`` measures instead the forward of the
+graph that ``dynamic=True`` compiles (one graph for every input size; this project's backbones,
+with the inductor options of :data:`DYNAMIC_OPTIONS`; training graphs still compile per size with
+torch 2.14, so the backward is not measured), in ``dynamic fwd ms`` columns. Compiled cases report
+no peak memory (the child process would compile again).
 """
 import argparse
 import dataclasses
@@ -25,7 +28,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -75,6 +78,23 @@ BACKBONES: Dict[str, Callable[[], nn.Module]] = {
     'Swin-T (mmdet)': swin_tiny,
 }
 PHASES = ('fwd', 'fwd+bwd')
+# The inductor options that torch.compile(backbone, dynamic=True) needs, by backbone class (torch
+# 2.14.1; tests/test_compile_export.py compiles each family with them). LaplacianFormer's graph
+# returns views whose strides are FloorDiv expressions of H and W (the landmark grid): inductor
+# orders such strides without a shape env and fails (`cannot determine truth value of Relational:
+# 32*((...)//8)*((...)//8) < 1`) unless it keeps their exact strides (strict_output_strides).
+# Pola-Swin's padded, rolled window partitions give index expressions on which inductor's C++
+# backend, choosing the loops to vectorise, runs sympy.simplify for every stride (cpp.py
+# TilingSelect -> sizevars.stride_at): that compile did not finish in 6 minutes on 2 CPU cores.
+# With cpp.simdlen=1 (no vector ISA is 1 bit wide, so the C++ loops stay scalar; the GPU backends
+# ignore the setting) it compiles in under 3 minutes.
+DYNAMIC_OPTIONS: Dict[str, Optional[dict]] = {
+    'LaplacianFormer': {'strict_output_strides': True},
+    'PolaPVT': None,
+    'PolaSwin': {'cpp.simdlen': 1},
+}
+OURS = [name for name in BACKBONES if not name.endswith('(mmdet)')]
+COMPILE_MODES = {'static': 'compiled', 'dynamic': 'dynamic'}  # --compile mode -> phase prefix
 
 
 @dataclasses.dataclass
@@ -83,10 +103,16 @@ class BackboneMeasurement(Measurement):
 
 
 def _callable(model_name: str, size, phase: str, device: str,
-              compiled: bool = False) -> Callable[[], object]:
+              compile_mode: Optional[str] = None) -> Callable[[], object]:
     torch.manual_seed(0)
     model = BACKBONES[model_name]().to(device)
-    run = torch.compile(model, fullgraph=True, dynamic=False) if compiled else model
+    if compile_mode == 'dynamic':
+        run = torch.compile(model, fullgraph=True, dynamic=True,
+                            options=DYNAMIC_OPTIONS[type(model).__name__])
+    elif compile_mode == 'static':
+        run = torch.compile(model, fullgraph=True, dynamic=False)
+    else:
+        run = model
     images = torch.randn(BATCH, 3, *size, device=device)
     if phase == 'fwd':
         model.eval()
@@ -110,16 +136,27 @@ def case_name(model_name: str, size_name: str, phase: str) -> str:
     return f'{model_name} | {size_name} | {phase}'
 
 
-def cases(device: str, compiled: bool = False) -> List[Case]:
-    """Every (backbone, size, phase); the warm-up is the same backbone at 64x64. ``compiled``:
-    the same under torch.compile, phases named ``compiled fwd`` / ``compiled fwd+bwd``."""
-    prefix = 'compiled ' if compiled else ''
+def cases(device: str, compile_mode: Optional[str] = None) -> List[Case]:
+    """Every (backbone, size, phase); the warm-up is the same backbone at 64x64. ``compile_mode``
+    'static': the same under torch.compile, phases named ``compiled fwd`` / ``compiled fwd+bwd``;
+    'dynamic': the forward of this project's backbones compiled with ``dynamic=True`` and their
+    :data:`DYNAMIC_OPTIONS`, phase ``dynamic fwd``."""
+    prefix = f'{COMPILE_MODES[compile_mode]} ' if compile_mode else ''
+    models = OURS if compile_mode == 'dynamic' else list(BACKBONES)
+    phases = ('fwd', ) if compile_mode == 'dynamic' else PHASES
     return [
         Case(case_name(model, size_name, prefix + phase),
-             build=lambda m=model, s=size, p=phase: _callable(m, s, p, device, compiled),
+             build=lambda m=model, s=size, p=phase: _callable(m, s, p, device, compile_mode),
              warm_up=lambda m=model, p=phase: _callable(m, (64, 64), p, device))
-        for model in BACKBONES for size_name, size in SIZES.items() for phase in PHASES
+        for model in models for size_name, size in SIZES.items() for phase in phases
     ]
+
+
+def _compile_mode(name: str) -> Optional[str]:
+    """The compile mode of a case name, None for eager."""
+    phase = name.split(' | ')[-1]
+    return next((mode for mode, prefix in COMPILE_MODES.items() if phase.startswith(prefix + ' ')),
+                None)
 
 
 def _sync(device: str) -> None:
@@ -139,7 +176,7 @@ def _timed_ms(fn: Callable[[], object], device: str) -> Tuple[float, float]:
 def measure(case: Case, device: str, repeats: int, long_call_s: float) -> BackboneMeasurement:
     case.warm_up()()
     fn = case.build()
-    compiled = ' | compiled ' in case.name
+    compiled = _compile_mode(case.name) is not None
     times = [_timed_ms(fn, device)]
     if compiled or times[0][0] < long_call_s * 1e3:  # a compiled case's first call compiles
         times = [_timed_ms(fn, device) for _ in range(repeats)]
@@ -173,19 +210,23 @@ def summarise(results: Dict[str, BackboneMeasurement], device: str) -> Section:
                                                  if res and base[phase] else None)
                 row[f'{phase} CPU / {RATIO_BASE}'] = (res.cpu_ms / base[phase].cpu_ms
                                                      if res and base[phase] else None)
-                compiled = results.get(case_name(model, size_name, 'compiled ' + phase))
-                if compiled:
-                    row[f'compiled {phase} ms'] = compiled.time_ms
-                    row[f'{phase} eager / compiled'] = (res.time_ms / compiled.time_ms
-                                                        if res else None)
+                for prefix in COMPILE_MODES.values():
+                    compiled = results.get(case_name(model, size_name, f'{prefix} {phase}'))
+                    if compiled:
+                        row[f'{prefix} {phase} ms'] = compiled.time_ms
+                        row[f'{phase} eager / {prefix}'] = (res.time_ms / compiled.time_ms
+                                                            if res else None)
             rows.append(row)
     columns = ['backbone', 'input']
     for template in ('{} ms', '{} CPU ms', 'peak {} MiB', '{} / ' + RATIO_BASE,
                      '{} CPU / ' + RATIO_BASE):
         columns += [template.format(phase) for phase in PHASES]
-    if any(' | compiled ' in name for name in results):
-        for template in ('compiled {} ms', '{} eager / compiled'):
-            columns += [template.format(phase) for phase in PHASES]
+    modes = {_compile_mode(name) for name in results}
+    for mode, prefix in COMPILE_MODES.items():
+        if mode in modes:
+            phases = ('fwd', ) if mode == 'dynamic' else PHASES
+            for template in (prefix + ' {} ms', '{} eager / ' + prefix):
+                columns += [template.format(phase) for phase in phases]
     notes = [f'batch {BATCH}, random weights; time = median of --repeats calls after a full-size '
              'warm-up call, or that first call alone when it took longer than --long-call-s; '
              f'"/ {RATIO_BASE}" = time / the same backbone\'s time at {RATIO_BASE} '
@@ -193,9 +234,14 @@ def summarise(results: Dict[str, BackboneMeasurement], device: str) -> Section:
              'LaplacianFormer-T: the default max_landmark_grid=7 (m <= 49 landmarks per head); '
              'paper-literal m: max_landmark_grid=None, m = H*W/s^2 (grows with the input, '
              'Newton-Schulz costs 2*m^3 per step).']
-    if any(' | compiled ' in name for name in results):
+    if 'static' in modes:
         notes.append('compiled: torch.compile(model, fullgraph=True, dynamic=False), inductor; '
                      'the compilation is not timed; eager / compiled > 1: compiled is faster.')
+    if 'dynamic' in modes:
+        notes.append('dynamic: torch.compile(model, fullgraph=True, dynamic=True, options=...), '
+                     'one graph for every input size, forward only; options by backbone class: '
+                     + '; '.join(f'{name} {options}' for name, options in DYNAMIC_OPTIONS.items())
+                     + '.')
     if not all(r.peak_exact for r in results.values()):
         notes.append('CPU peak memory is a lower bound here: the kernel refused to reset the '
                      'high-water mark (/proc/self/clear_refs).')
@@ -215,8 +261,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--sizes', nargs='+', choices=list(SIZES), help=f'subset of {list(SIZES)}')
     parser.add_argument('--threads', type=int,
                         help='torch CPU threads (default: torch\'s); 1 is steadiest on a shared machine')
-    parser.add_argument('--compile', action='store_true',
-                        help='also measure each case under torch.compile(fullgraph=True)')
+    parser.add_argument('--compile', nargs='?', const='static', choices=list(COMPILE_MODES),
+                        help='also measure each case under torch.compile(fullgraph=True): static '
+                        '(the default) compiles per size, forward and forward+backward; dynamic '
+                        'compiles with dynamic=True, forward only')
     parser.add_argument('--out', help='write the results as JSON to this file')
 
 
@@ -232,7 +280,7 @@ def main(args: argparse.Namespace) -> int:
                 long_call_s=args.long_call_s, batch=BATCH)
     print(f'# backbone benchmark on {args.device}: ' + ', '.join(f'{k}={v}' for k, v in meta.items()))
     results: Dict[str, BackboneMeasurement] = {}
-    all_cases = cases(args.device) + (cases(args.device, compiled=True) if args.compile else [])
+    all_cases = cases(args.device) + (cases(args.device, args.compile) if args.compile else [])
     for case in all_cases:
         model, size_name, _ = case.name.split(' | ')
         if model in models and size_name in sizes:
