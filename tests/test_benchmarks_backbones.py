@@ -21,7 +21,7 @@ def test_cases_per_compile_mode():
 
 
 @pytest.mark.parametrize('model_name, mode, expected', [
-    ('Pola-Swin-T', 'dynamic', dict(fullgraph=True, dynamic=True, options={'cpp.simdlen': 1})),
+    ('Pola-Swin-T', 'dynamic', dict(fullgraph=True, dynamic=True, options=None)),
     ('LaplacianFormer-T', 'dynamic',
      dict(fullgraph=True, dynamic=True, options={'strict_output_strides': True})),
     ('Pola-PVT-T', 'dynamic', dict(fullgraph=True, dynamic=True, options=None)),
@@ -55,7 +55,7 @@ def test_backbone_table_ratios():
     assert row['fwd+bwd eager / compiled'] == pytest.approx(2.0)
     assert row['fwd eager / dynamic'] == pytest.approx(1.25)
     assert row['fwd / 512^2'] == pytest.approx(4.0)
-    assert any(note.startswith('dynamic: ') and "PolaSwin {'cpp.simdlen': 1}" in note
+    assert any(note.startswith('dynamic: ') and "LaplacianFormer {'strict_output_strides': True}" in note
                for note in section.notes)
 
 

@@ -83,15 +83,15 @@ PHASES = ('fwd', 'fwd+bwd')
 # returns views whose strides are FloorDiv expressions of H and W (the landmark grid): inductor
 # orders such strides without a shape env and fails (`cannot determine truth value of Relational:
 # 32*((...)//8)*((...)//8) < 1`) unless it keeps their exact strides (strict_output_strides).
-# Pola-Swin's padded, rolled window partitions give index expressions on which inductor's C++
-# backend, choosing the loops to vectorise, runs sympy.simplify for every stride (cpp.py
-# TilingSelect -> sizevars.stride_at): that compile did not finish in 6 minutes on 2 CPU cores.
-# With cpp.simdlen=1 (no vector ISA is 1 bit wide, so the C++ loops stay scalar; the GPU backends
-# ignore the setting) it compiles in under 3 minutes.
+# Pola-Swin needs none since PatchMerging pads with floor division (pad_to_multiple): with `H % 2`
+# the sizes of stages 3-4 were nested Mods, on which inductor's C++ backend, choosing the loops to
+# vectorise, ran sympy.simplify for every stride (cpp.py TilingSelect -> sizevars.stride_at); that
+# compile was stopped after 6 minutes. Now it takes ~7 min on 2 CPU cores (tests' small model); with
+# {'cpp.simdlen': 1} (scalar C++ loops) ~70 s, but that graph runs ~2.4x slower than eager.
 DYNAMIC_OPTIONS: Dict[str, Optional[dict]] = {
     'LaplacianFormer': {'strict_output_strides': True},
     'PolaPVT': None,
-    'PolaSwin': {'cpp.simdlen': 1},
+    'PolaSwin': None,
 }
 OURS = [name for name in BACKBONES if not name.endswith('(mmdet)')]
 COMPILE_MODES = {'static': 'compiled', 'dynamic': 'dynamic'}  # --compile mode -> phase prefix

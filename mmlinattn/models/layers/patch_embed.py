@@ -50,7 +50,8 @@ class PatchMerging(nn.Module):
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> Tuple[torch.Tensor, Tuple[int, int]]:
         batch, _, channels = x.shape
         height, width = hw_shape
-        grid = F.pad(x.reshape(batch, height, width, channels), (0, 0, 0, width % 2, 0, height % 2))
+        padding = (0, 0, 0, pad_to_multiple(width, 2), 0, pad_to_multiple(height, 2))
+        grid = F.pad(x.reshape(batch, height, width, channels), padding)
         grid = torch.cat([grid[:, 0::2, 0::2], grid[:, 1::2, 0::2], grid[:, 0::2, 1::2],
                           grid[:, 1::2, 1::2]], dim=-1)
         out_hw = (grid.shape[1], grid.shape[2])
