@@ -95,6 +95,7 @@ DYNAMIC_OPTIONS: Dict[str, Optional[dict]] = {
 }
 OURS = [name for name in BACKBONES if not name.endswith('(mmdet)')]
 COMPILE_MODES = {'static': 'compiled', 'dynamic': 'dynamic'}  # --compile mode -> phase prefix
+COMPILED_PHASES = {'static': PHASES, 'dynamic': ('fwd', )}  # dynamic: training graphs recompile
 
 
 @dataclasses.dataclass
@@ -143,7 +144,7 @@ def cases(device: str, compile_mode: Optional[str] = None) -> List[Case]:
     :data:`DYNAMIC_OPTIONS`, phase ``dynamic fwd``."""
     prefix = f'{COMPILE_MODES[compile_mode]} ' if compile_mode else ''
     models = OURS if compile_mode == 'dynamic' else list(BACKBONES)
-    phases = ('fwd', ) if compile_mode == 'dynamic' else PHASES
+    phases = COMPILED_PHASES[compile_mode] if compile_mode else PHASES
     return [
         Case(case_name(model, size_name, prefix + phase),
              build=lambda m=model, s=size, p=phase: _callable(m, s, p, device, compile_mode),
@@ -224,9 +225,8 @@ def summarise(results: Dict[str, BackboneMeasurement], device: str) -> Section:
     modes = {_compile_mode(name) for name in results}
     for mode, prefix in COMPILE_MODES.items():
         if mode in modes:
-            phases = ('fwd', ) if mode == 'dynamic' else PHASES
             for template in (prefix + ' {} ms', '{} eager / ' + prefix):
-                columns += [template.format(phase) for phase in phases]
+                columns += [template.format(phase) for phase in COMPILED_PHASES[mode]]
     notes = [f'batch {BATCH}, random weights; time = median of --repeats calls after a full-size '
              'warm-up call, or that first call alone when it took longer than --long-call-s; '
              f'"/ {RATIO_BASE}" = time / the same backbone\'s time at {RATIO_BASE} '
