@@ -3,8 +3,8 @@ and the table's ratio columns from synthetic measurements."""
 import pytest
 import torch
 
-from benchmarks import backbones
-from benchmarks.backbones import BackboneMeasurement, case_name
+from dev.benchmarks import backbones
+from dev.benchmarks.backbones import BackboneMeasurement, case_name
 
 
 def test_cases_per_compile_mode():

@@ -3,8 +3,8 @@ the CPU limit, the Newton–Schulz bound) and the step count that bound rests on
 import pytest
 import torch
 
-from benchmarks import ops_laplacian, ops_polarity
-from benchmarks.common import Measurement
+from dev.benchmarks import ops_laplacian, ops_polarity
+from dev.benchmarks.common import Measurement
 from mmlinattn.ops.reference import newton_schulz_inverse_reference
 
 # A CPU limit as measured_cpu_limit reports it (G element-ops/s, GFLOP/s).

@@ -6,7 +6,7 @@ dynamo without a graph break. Slow tier (CPU compiles take minutes): each backbo
 with inductor (fullgraph) forward and backward against eager at two sizes and for inference
 with dynamic shapes at three, each family exported with torch.export
 (dynamic H and W) at two sizes, and exported to ONNX by the dynamo exporter and checked in
-onnxruntime. CUDA (``cuda`` marker, run by tools/gpu_check.sh): the inductor
+onnxruntime. CUDA (``cuda`` marker, run by tools/dev/gpu_check.sh): the inductor
 compiles of each family on the GPU.
 """
 import copy
@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from benchmarks.backbones import DYNAMIC_OPTIONS
+from dev.benchmarks.backbones import DYNAMIC_OPTIONS
 from mmlinattn.models.backbones import LaplacianFormer, PolaPVT, PolaSwin
 from mmlinattn.ops import laplacian_kernel, newton_schulz_inverse, polarity_linear_attention
 

@@ -1,4 +1,4 @@
-"""tools/gpu_check.sh --bundle-deps: the packages a bare CUDA image lacks, importable from the bundle
+"""tools/dev/gpu_check.sh --bundle-deps: the packages a bare CUDA image lacks, importable from the bundle
 alone (mmcv's Python code without its compiled ops)."""
 import os
 import subprocess
@@ -11,7 +11,7 @@ BUNDLED = ('mmengine', 'mmcv', 'addict', 'yapf', 'yapf_third_party', 'termcolor'
 def test_bundle_deps_is_importable_without_compiled_files(tmp_path):
     bundle = tmp_path / 'deps'
     env = dict(os.environ, PYTHON=sys.executable, GPU_CHECK_DEPS=str(bundle))
-    proc = subprocess.run(['bash', 'tools/gpu_check.sh', '--bundle-deps'], cwd=REPO_ROOT, env=env,
+    proc = subprocess.run(['bash', 'tools/dev/gpu_check.sh', '--bundle-deps'], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert sorted(os.listdir(bundle)) == sorted(BUNDLED)

@@ -309,7 +309,7 @@ def check_odd_shapes():
             assert_close_scaled(dk, dk_ref, rtol, 'dk')
 
 
-# ---- CUDA (run by tools/gpu_check.sh; skipped without a GPU) ----
+# ---- CUDA (run by tools/dev/gpu_check.sh; skipped without a GPU) ----
 
 CUDA_DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.float16, 2e-3, 5e-3),
                (torch.bfloat16, 1e-2, 3e-2)]

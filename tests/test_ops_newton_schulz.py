@@ -354,7 +354,7 @@ def test_compiled_op_checks_its_own_arguments(compiled, a, iters, eps):
         compiled.newton_schulz_inverse_backward(a, a, iters, eps)
 
 
-# ---- CUDA (run by tools/gpu_check.sh; skipped without a GPU) ----
+# ---- CUDA (run by tools/dev/gpu_check.sh; skipped without a GPU) ----
 
 @pytest.mark.cuda
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float16, torch.bfloat16])

@@ -356,7 +356,7 @@ def test_export_restores_the_ops_mode(monkeypatch):
 
 
 def test_benchmark_plot_from_json(tmp_path):
-    from benchmarks.plot import input_size, num_tokens, plot_json, series
+    from dev.benchmarks.plot import input_size, num_tokens, plot_json, series
     rows = []
     for name, exponent in (('linear', 1.0), ('quadratic', 2.0)):
         for size in ('224^2', '512^2', '800x1333'):
@@ -402,7 +402,7 @@ def test_visualisation_loads_a_checkpoint(tmp_path):
 
 def test_benchmark_plot_option_draws_after_the_run(tmp_path):
     import argparse
-    from benchmarks.plot import with_plot_option
+    from dev.benchmarks.plot import with_plot_option
     calls = []
 
     def add_arguments(parser):

@@ -48,13 +48,7 @@ import numpy as np
 import torch
 from torch import nn
 
-TOOLS_DIR = osp.dirname(osp.abspath(__file__))
-REPO_ROOT = osp.dirname(TOOLS_DIR)
-for path in (REPO_ROOT, TOOLS_DIR):  # the repository, if mmlinattn is not installed; the tools' modules
-    if path not in sys.path:
-        sys.path.insert(0, path)
-
-from analysis.model_loading import build_backbone, build_classifier, load_config  # noqa: E402
+from analysis.model_loading import build_backbone, build_classifier, load_config
 
 OPSET = {'dynamo': 18, 'torchscript': 17}
 

@@ -1,7 +1,7 @@
-"""What tools/run_demo.sh shows: the training schedule of a config, and the demo's pictures and summary.
+"""What tools/dev/run_demo.sh shows: a config's training schedule, and the demo's pictures and summary.
 
-    python tools/demo_report.py schedule CONFIG [--cfg-options k=v ...]
-    python tools/demo_report.py report WORK_DIR
+    python tools/dev/demo_report.py schedule CONFIG [--cfg-options k=v ...]
+    python tools/dev/demo_report.py report WORK_DIR
 
 ``schedule`` prints the config's schedule as epochs x iterations at the batch the config was
 written for (``auto_scale_lr.base_batch_size``, e.g. 8 GPUs x 2 images) and at one process; it
@@ -17,9 +17,6 @@ import glob
 import json
 import os.path as osp
 import re
-import sys
-
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 
 BACKBONE_LOADED = re.compile(r'LaplacianFormer: loaded (\S+); missing keys: (.*?); unexpected keys: (.*)$')
 AP_KEYS = ('coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP', 'coco/segm_mAP_50')
@@ -42,12 +39,13 @@ def describe_schedule(cfg, num_images: int) -> str:
 
 
 def schedule(args) -> None:
-    from _common import load_config
+    from mmengine.config import Config
     from mmengine.registry import DATASETS, init_default_scope
 
     import mmlinattn  # noqa: F401
-    args.toy_data, args.launcher, args.local_rank, args.work_dir = False, 'none', 0, None
-    cfg = load_config(args)
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
     init_default_scope(cfg.default_scope)
     dataset = DATASETS.build(cfg.train_dataloader.dataset)
     print(f'[demo] schedule of {args.config}: {describe_schedule(cfg, len(dataset))}', flush=True)

@@ -9,10 +9,10 @@
 #   2. fine-tune Mask R-CNN (configs/toy/mask_rcnn_laplacian_tiny_toy_coco.py, i.e. the 1x config's
 #      model) on toy-COCO, its backbone loaded from that classifier through init_cfg=Pretrained,
 #   3. evaluate with mmdet's CocoMetric and draw the predictions (tools/test.py --show-dir),
-#   4. plot the loss/accuracy/AP curves and print a one-screen summary (tools/demo_report.py).
+#   4. plot the loss/accuracy/AP curves and print a one-screen summary (tools/dev/demo_report.py).
 #
 # Environment:
-#   PY               an interpreter that already has the environment: skips tools/setup_env.sh
+#   PY               an interpreter that already has the environment: skips tools/dev/setup_env.sh
 #   WORK_DIR         output folder (default work_dirs/toy_demo, or work_dirs/<config> on COCO)
 #   CONFIG           the COCO config (default configs/mask_rcnn_laplacian_tiny_1x_coco.py)
 #   EXTRA_OPTIONS    COCO: more --cfg-options for training and testing
@@ -20,10 +20,10 @@
 #   FINETUNE_OPTIONS toy: more --cfg-options for the fine-tuning and its test, e.g. "train_cfg.max_epochs=1
 #                    train_dataloader.dataset.indices=60 val_dataloader.dataset.indices=6 test_dataloader.dataset.indices=6"
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 if [ -z "${PY:-}" ]; then
-  bash tools/setup_env.sh
+  bash tools/dev/setup_env.sh
   PY=.venv/bin/python
 fi
 
@@ -32,7 +32,7 @@ if [ -d data/coco ]; then
   CONFIG="${CONFIG:-configs/mask_rcnn_laplacian_tiny_1x_coco.py}"
   WORK_DIR="${WORK_DIR:-work_dirs/$(basename "$CONFIG" .py)}"
   echo "[demo] data/coco found: training $CONFIG on COCO in $WORK_DIR"
-  "$PY" tools/demo_report.py schedule "$CONFIG" ${EXTRA_OPTIONS:+--cfg-options "${EXTRA[@]}"}
+  "$PY" tools/dev/demo_report.py schedule "$CONFIG" ${EXTRA_OPTIONS:+--cfg-options "${EXTRA[@]}"}
   "$PY" tools/train.py "$CONFIG" --work-dir "$WORK_DIR" ${EXTRA_OPTIONS:+--cfg-options "${EXTRA[@]}"}
   "$PY" tools/test.py "$CONFIG" "$(cat "$WORK_DIR/last_checkpoint")" --work-dir "$WORK_DIR" \
     --out-json "$WORK_DIR/metrics.json" ${EXTRA_OPTIONS:+--cfg-options "${EXTRA[@]}"}
@@ -56,7 +56,7 @@ stage() {  # stage NAME CMD...: run CMD, append "NAME SECONDS" to $STAGES
 }
 
 echo "[demo] data/coco not found: the workflow in miniature on the bundled synthetic sets, in $WORK_DIR"
-stage toy-data "$PY" tools/make_toy_data.py --out data/toy --what coco imagenet
+stage toy-data "$PY" tools/dev/make_toy_data.py --out data/toy --what coco imagenet
 stage pretrain "$PY" tools/train.py "$PRETRAIN_CONFIG" --toy-data --work-dir "$WORK_DIR/pretrain" \
   ${PRETRAIN_OPTIONS:+--cfg-options "${PRETRAIN_EXTRA[@]}"}
 CLASSIFIER="$(cat "$WORK_DIR/pretrain/last_checkpoint")"
@@ -67,4 +67,4 @@ rm -rf "$WORK_DIR/predictions"
 stage test "$PY" tools/test.py "$FINETUNE_CONFIG" "$DETECTOR" --toy-data --work-dir "$WORK_DIR/test" \
   --out-json "$WORK_DIR/metrics.json" --show-dir "$WORK_DIR/predictions" \
   --cfg-options "model.backbone.init_cfg.checkpoint=$CLASSIFIER" "${FINETUNE_EXTRA[@]}"
-"$PY" tools/demo_report.py report "$WORK_DIR"
+"$PY" tools/dev/demo_report.py report "$WORK_DIR"

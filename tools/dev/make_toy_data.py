@@ -1,19 +1,17 @@
 """Write the synthetic toy datasets (COCO instances, ADE20K semantic, ImageNet classification).
 
-    python tools/make_toy_data.py [--out data/toy] [--seed 0] [--what coco ade imagenet]
-                                  [--num-train N] [--num-val N] [--force]
+    python tools/dev/make_toy_data.py [--out data/toy] [--seed 0] [--what coco ade imagenet]
+                                      [--num-train N] [--num-val N] [--force]
 
 A set that already exists with the same arguments is skipped; ``--force`` regenerates it. The
-generation code is ``tools/toy_data/scenes.py``; it needs only numpy and Pillow (not torch, and not
+generation code is ``tools/dev/toy_data/``; it needs only numpy and Pillow (not torch, and not
 an installed mmlinattn).
 """
 import argparse
-import os.path as osp
 import sys
 import time
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from toy_data import scenes as toy_data  # noqa: E402
+import toy_data  # tools/dev/toy_data: the script's folder is on sys.path
 
 
 def parse_args(argv=None):

@@ -1,23 +1,17 @@
 """Share of ``aten::copy_`` in one LaplacianFormer-T forward (batch 1, eval, no_grad), CPU.
 
-    python tools/benchmarks/copy_profile.py [--size 1024] [--label NAME] >> profile.jsonl
+    python tools/dev/benchmarks/copy_profile.py [--size 1024] [--label NAME] >> profile.jsonl
 
 torch.profiler's self CPU time per op over one forward after a warm-up call; prints one JSON line
 (total self time, aten::copy_ time, share and calls, the ten largest ops). ``max_landmark_grid=7``.
 """
 import argparse
 import json
-import os
-import sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
-
-from mmlinattn.models.backbones import LaplacianFormer  # noqa: E402
+from mmlinattn.models.backbones import LaplacianFormer
 
 
 def main() -> None:

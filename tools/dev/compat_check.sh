@@ -4,16 +4,16 @@
 # (the extension builds against that environment's torch, with the C++ standard its headers need),
 # and run the op, attention, backbone (not the e2e) and packaging tests with that interpreter.
 #
-# Usage: bash tools/compat_check.sh ENV_PYTHON [pytest args]     (default pytest args: -m "not slow")
+# Usage: bash tools/dev/compat_check.sh ENV_PYTHON [pytest args]     (default pytest args: -m "not slow")
 # Env:   COMPAT_SRC  folder for the copy (default: <env>/mmlinattn-src, replaced on each run)
 set -euo pipefail
 if [ "$#" -lt 1 ] || [ ! -x "$1" ]; then
-  echo "usage: bash tools/compat_check.sh ENV_PYTHON [pytest args]" >&2
+  echo "usage: bash tools/dev/compat_check.sh ENV_PYTHON [pytest args]" >&2
   exit 2
 fi
 PY="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 shift
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SRC="${COMPAT_SRC:-$(dirname "$(dirname "$PY")")/mmlinattn-src}"
 
 rm -rf "$SRC" && mkdir -p "$SRC"

@@ -10,7 +10,7 @@ from typing import Dict, List
 
 import torch
 
-from benchmarks.common import Case, Measurement, Section
+from .common import Case, Measurement, Section
 from mmlinattn.ops import polarity_linear_attention
 from mmlinattn.ops.dispatch import choose
 from mmlinattn.ops.reference import polarity_linear_attention_reference

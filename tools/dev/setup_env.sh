@@ -5,11 +5,11 @@
 # on 2 cores) and the compiled extension are cached outside the repo under $MMLINATTN_CACHE
 # (default ~/.cache/mmlinattn) and reused by later runs and fresh clones.
 #
-# Usage: bash tools/setup_env.sh            (then: source .venv/bin/activate)
+# Usage: bash tools/dev/setup_env.sh            (then: source .venv/bin/activate)
 # Env:   MMLINATTN_CACHE  cache folder; FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="8.0;9.0" to compile CUDA code
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CACHE="${MMLINATTN_CACHE:-$HOME/.cache/mmlinattn}"
 VENV="$ROOT/.venv"
 LOGS="$CACHE/logs"
@@ -86,7 +86,7 @@ if ! have "mmcv==$MMCV_VERSION"; then
     mkdir -p "$WHEEL_DIR.tmp"
     # FORCE_CUDA is for our extension; mmcv builds its CUDA ops only where a GPU is visible.
     # pip builds in the source tree: one line a minute with the objects compiled so far / total.
-    bash "$ROOT/tools/build_progress.sh" "$MMCV_SRC/build" $$ 60 "mmcv build" &
+    bash "$ROOT/tools/dev/build_progress.sh" "$MMCV_SRC/build" $$ 60 "mmcv build" &
     PROGRESS_PID=$!
     run mmcv-build env -u FORCE_CUDA MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-2}" \
       "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$WHEEL_DIR.tmp" "$MMCV_SRC"

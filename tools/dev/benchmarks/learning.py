@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from benchmarks.common import REPO_ROOT, Section, environment, publish
+from .common import REPO_ROOT, Section, environment, publish
 
 CONFIGS = os.path.join(REPO_ROOT, 'configs')
 LAPLACIAN = os.path.join(CONFIGS, 'laplacianformer_tiny_8xb128_in1k.py')
@@ -304,7 +304,7 @@ def main(args: argparse.Namespace) -> int:
             args.models = args.models or ['LaplacianFormer-T (Laplacian, lam 4)', 'Pola-PVT-T power=fixed']
             args.iters, args.batch, args.img_size, args.warmup, args.eval_interval = 3, 4, 32, 1, 3
         if not os.path.isdir(args.toy_root):
-            print(f'--toy-root {args.toy_root} does not exist (python tools/make_toy_data.py '
+            print(f'--toy-root {args.toy_root} does not exist (python tools/dev/make_toy_data.py '
                   '--what imagenet)', file=sys.stderr)
             return 2
         schedule = {k: getattr(args, k) for k in SCHEDULE_KEYS}

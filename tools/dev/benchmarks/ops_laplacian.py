@@ -29,7 +29,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from benchmarks.common import Case, Measurement, Section
+from .common import Case, Measurement, Section
 from mmlinattn.ops import laplacian_kernel, newton_schulz_inverse
 from mmlinattn.ops.reference import laplacian_kernel_reference, newton_schulz_inverse_reference
 

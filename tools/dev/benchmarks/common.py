@@ -1,6 +1,6 @@
 """Shared helpers of the benchmarks in ``tools/benchmark.py``: timing, peak memory, tables, JSON.
 
-Module contract for an op benchmark (``tools/benchmarks/ops_<name>.py``, registered by one line in
+Module contract for an op benchmark (``tools/dev/benchmarks/ops_<name>.py``, registered by one line in
 ``OP_BENCHMARKS`` of ``tools/benchmark.py``); the module exposes two functions:
 
 - ``cases(device: str) -> List[Case]``: everything to measure. ``Case.build()`` creates the inputs
@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 @dataclasses.dataclass

@@ -33,7 +33,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from benchmarks.common import (Case, Measurement, Section, cpu_peak_mb, cuda_peak_mb, environment,
+from .common import (Case, Measurement, Section, cpu_peak_mb, cuda_peak_mb, environment,
                                publish)
 
 BATCH = 1

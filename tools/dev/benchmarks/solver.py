@@ -32,7 +32,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from benchmarks.common import REPO_ROOT, Section, environment, publish
+from .common import REPO_ROOT, Section, environment, publish
 
 DEFAULT_CONFIG = os.path.join(REPO_ROOT, 'configs', 'laplacianformer_tiny_8xb128_in1k.py')
 THRESHOLD = 1e-3  # the residual the "steps to" columns count up to

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Report the progress of a setuptools/torch extension build while it runs (tools/setup_env.sh uses it
-# for the ~15 min mmcv build): every INTERVAL seconds one line with the objects compiled so far under
+# Report the progress of a setuptools/torch extension build while it runs (tools/dev/setup_env.sh uses
+# it for the ~15 min mmcv build): every INTERVAL seconds one line with the objects compiled so far under
 # BUILD_DIR and, once torch has written its build.ninja there, the total.
 #
-# Usage: bash tools/build_progress.sh BUILD_DIR WATCH_PID [INTERVAL=60] [LABEL=build]
+# Usage: bash tools/dev/build_progress.sh BUILD_DIR WATCH_PID [INTERVAL=60] [LABEL=build]
 # Runs until WATCH_PID exits (or it is killed), so a failed set-up leaves no reporter behind.
 set -uo pipefail
 BUILD_DIR="$1"

@@ -10,14 +10,14 @@
 # Logs and the benchmark JSON go to $GPU_CHECK_OUT (default: $OUT if set, else benchmark_results/).
 # Exit status: 0 when everything that ran passed.
 #
-#   bash tools/gpu_check.sh                # here: .venv's python; elsewhere $PYTHON or python3
-#   bash tools/gpu_check.sh --bundle-deps  # copy the pure-Python packages the tests import that a
-#                                          # bare CUDA image lacks (mmengine, mmcv without its
-#                                          # compiled ops, ...) into .gpu_deps/ (git-ignored), to
-#                                          # travel with the tree; the check puts them on PYTHONPATH
-#                                          # (GPU_CHECK_DEPS: another folder)
+#   bash tools/dev/gpu_check.sh                # here: .venv's python; elsewhere $PYTHON or python3
+#   bash tools/dev/gpu_check.sh --bundle-deps  # copy the pure-Python packages the tests import that
+#                                              # a bare CUDA image lacks (mmengine, mmcv without its
+#                                              # compiled ops, ...) into .gpu_deps/ (git-ignored), to
+#                                              # travel with the tree; the check puts them on
+#                                              # PYTHONPATH (GPU_CHECK_DEPS: another folder)
 set -uo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"
 elif [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"
