@@ -121,8 +121,8 @@ def check_data_roots(cfg: Config, splits) -> None:
         if not osp.isdir(root):
             raise SystemExit(
                 f'error: the data root {root!r} of {where} does not exist (working directory '
-                f'{os.getcwd()}). Put the data set there in its standard layout (see README.md, '
-                '"Real data"), override it with --cfg-options, or run on the bundled synthetic '
+                f'{os.getcwd()}). Put the data set there in its standard layout (see '
+                'docs/tools.md, "Data"), override it with --cfg-options, or run on the bundled synthetic '
                 'set with --toy-data (after `python tools/dev/make_toy_data.py`).')
 
 

@@ -20,8 +20,8 @@
 - Exporter (``--exporter``): ``torchscript`` (the default: the legacy tracer,
   ``torch.onnx.export(..., dynamo=False)``, opset 17) or ``dynamo`` (``dynamo=True``: the model
   is captured with torch.export, opset 18 unless ``--opset``), both with dynamic batch, height and
-  width. The TorchScript path stays the default because it is the one whose graphs the README's
-  ONNX table checks, and the one torch versions without a usable dynamo exporter (or without
+  width. The TorchScript path is the default because its graphs are the ones checked in
+  docs/compile_export.md, and it is the one torch versions without a usable dynamo exporter (or without
   onnxscript) have. The dynamo exporter records the size-dependent branches as guards: an export
   whose traced size lies on a boundary of one fails with the guard's message instead of writing
   a graph that is wrong elsewhere.
