@@ -4,8 +4,8 @@
                                       [--num-train N] [--num-val N] [--force]
 
 A set that already exists with the same arguments is skipped; ``--force`` regenerates it. The
-generation code is ``tools/dev/toy_data/``; it needs only numpy and Pillow (not torch, and not
-an installed mmlinattn).
+generation code is ``tools/dev/toy_data/``; it needs numpy, Pillow and OpenCV (which mmcv
+installs), not torch and not an installed mmlinattn.
 """
 import argparse
 import sys
