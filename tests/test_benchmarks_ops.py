@@ -5,7 +5,7 @@ import torch
 
 from benchmarks import ops_laplacian, ops_polarity
 from benchmarks.common import Measurement
-from mmlinattn.ops.reference import newton_schulz_inverse_reference
+from mmlinattn.ops.newton_schulz.reference import newton_schulz_inverse_reference
 
 # A CPU limit as measured_cpu_limit reports it (G element-ops/s, GFLOP/s).
 LIMIT = {'fwd': 50.0, 'bwd': 20.0, 'fwd+bwd': 3 / (1 / 50.0 + 2 / 20.0), 'fma GFLOP/s': 400.0,

@@ -84,7 +84,9 @@ import torch
 {setup}
 from mmlinattn.ops import (FallbackWarning, extension_status, laplacian_kernel,
                            newton_schulz_inverse, polarity_linear_attention)
-from mmlinattn.ops import reference
+from mmlinattn.ops.laplacian_kernel.reference import laplacian_kernel_reference
+from mmlinattn.ops.newton_schulz.reference import newton_schulz_inverse_reference
+from mmlinattn.ops.polarity_attention.reference import polarity_linear_attention_reference
 assert extension_status().startswith('not loaded: {reason}'), extension_status()
 q = torch.randn(1, 2, 6, 4)
 with warnings.catch_warnings(record=True) as caught:
@@ -94,9 +96,9 @@ with warnings.catch_warnings(record=True) as caught:
     y = polarity_linear_attention(q, q, q, torch.ones(2, 4) * 2)
 fallbacks = [w for w in caught if issubclass(w.category, FallbackWarning)]
 assert len(fallbacks) == 1 and '{reason}' in str(fallbacks[0].message), fallbacks
-assert torch.equal(out, reference.laplacian_kernel_reference(q, q, 4.0))
-assert torch.equal(v, reference.newton_schulz_inverse_reference(out, 20, 1e-2))
-assert torch.equal(y, reference.polarity_linear_attention_reference(q, q, q, torch.ones(2, 4) * 2))
+assert torch.equal(out, laplacian_kernel_reference(q, q, 4.0))
+assert torch.equal(v, newton_schulz_inverse_reference(out, 20, 1e-2))
+assert torch.equal(y, polarity_linear_attention_reference(q, q, q, torch.ones(2, 4) * 2))
 '''
     env = dict(os.environ, MMLINATTN_OPS='auto')
     subprocess.run([sys.executable, '-c', script], check=True, env=env, cwd=REPO_ROOT)

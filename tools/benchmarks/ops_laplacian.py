@@ -31,7 +31,8 @@ import torch
 
 from benchmarks.common import Case, Measurement, Section
 from mmlinattn.ops import laplacian_kernel, newton_schulz_inverse
-from mmlinattn.ops.reference import laplacian_kernel_reference, newton_schulz_inverse_reference
+from mmlinattn.ops.laplacian_kernel.reference import laplacian_kernel_reference
+from mmlinattn.ops.newton_schulz.reference import newton_schulz_inverse_reference
 
 LAM = 4.0
 EPS = 1e-2

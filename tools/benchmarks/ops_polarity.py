@@ -13,7 +13,7 @@ import torch
 from benchmarks.common import Case, Measurement, Section
 from mmlinattn.ops import polarity_linear_attention
 from mmlinattn.ops.dispatch import choose
-from mmlinattn.ops.reference import polarity_linear_attention_reference
+from mmlinattn.ops.polarity_attention.reference import polarity_linear_attention_reference
 
 # label -> (B, heads, N = n, head dim d, value dim dv)
 SHAPES = {'224^2 (B=2, N=n=56^2, d=dv=64)': (2, 1, 56 * 56, 64, 64),
