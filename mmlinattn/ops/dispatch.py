@@ -74,8 +74,7 @@ class TritonKernel:
 
 TRITON_KERNELS: Dict[str, TritonKernel] = {
     'laplacian_kernel': TritonKernel('mmlinattn.ops.laplacian_kernel.triton',
-                                     'laplacian_kernel_triton_forward',
-                                     _HALF_AND_FP32 + (torch.float64, )),
+                                     'laplacian_kernel_triton_forward', _HALF_AND_FP32),
 }
 
 # The implementation ``auto`` runs on CUDA, per op. The default is the one this project verifies

@@ -14,7 +14,9 @@ from ..validation import (check_dims_match, check_positive_finite, check_same_de
 from .reference import laplacian_kernel_reference
 
 
-def _check_args(q, k, lam) -> None:
+def check_args(q, k, lam) -> None:
+    """The public op's argument checks, also run by the Triton operators (the C++ ones repeat
+    them in C++), so no kernel reads out of bounds whoever calls it."""
     check_tensor('q', q, rank=4)
     check_tensor('k', k, rank=4)
     check_same_device(('q', 'k'), (q, k))
@@ -39,7 +41,7 @@ def laplacian_kernel(q: torch.Tensor, k: torch.Tensor, lam: float = 4.0) -> torc
     Returns:
         [B, H, N, M] in the promoted dtype, computed in fp32 (fp64 stays fp64).
     """
-    _check_args(q, k, lam)
+    check_args(q, k, lam)
     dtype = promote(q, k)
     q, k = q.to(dtype), k.to(dtype)
     implementation = choose('laplacian_kernel', q.device.type, dtype)
