@@ -28,7 +28,6 @@ constant of the graph): changing ``MMLINATTN_OPS`` afterwards does not affect a 
 """
 import functools
 import importlib
-import importlib.util
 import os
 import warnings
 from dataclasses import dataclass
@@ -145,7 +144,9 @@ def _triton_load_error(op: str) -> Optional[str]:
     """Import ``op``'s Triton kernels (once); why they cannot run anywhere, or None."""
     if op not in TRITON_KERNELS:
         return f'{op} has no Triton kernel'
-    if importlib.util.find_spec('triton') is None:
+    try:
+        importlib.import_module('triton')
+    except ImportError:
         return 'triton is not installed (it comes with the CUDA wheels of torch on Linux)'
     missing_api = missing_triton_api()
     if missing_api:
