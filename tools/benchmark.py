@@ -27,6 +27,7 @@ from benchmarks.common import environment, publish, run_module  # noqa: E402
 OP_BENCHMARKS = [
     'benchmarks.ops_laplacian',
     'benchmarks.ops_polarity',
+    'benchmarks.ops_implementations',
 ]
 
 

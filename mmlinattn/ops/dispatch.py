@@ -26,6 +26,7 @@ tensor values):
 Under ``torch.compile`` / ``torch.export`` the decision is taken once while tracing (it is a
 constant of the graph): changing ``MMLINATTN_OPS`` afterwards does not affect a compiled graph.
 """
+import contextlib
 import functools
 import importlib
 import os
@@ -245,6 +246,28 @@ def _triton_reason(op: str, device_type: str, dtype: torch.dtype) -> Optional[st
 _REASONS = {'compiled': _compiled_reason, 'triton': _triton_reason}
 
 
+def unavailable(implementation: str, op: str, device_type: str,
+                dtype: torch.dtype) -> Optional[str]:
+    """Why ``op``'s ``implementation`` ('reference', 'compiled', 'triton') cannot run on inputs
+    of ``dtype`` on ``device_type``, or None (the reference always runs)."""
+    return None if implementation == 'reference' else _REASONS[implementation](op, device_type,
+                                                                                dtype)
+
+
+@contextlib.contextmanager
+def forced(mode: str):
+    """``MMLINATTN_OPS=mode`` for the duration (eager use: a compiled graph keeps its choice)."""
+    saved = os.environ.get('MMLINATTN_OPS')
+    os.environ['MMLINATTN_OPS'] = mode
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ['MMLINATTN_OPS']
+        else:
+            os.environ['MMLINATTN_OPS'] = saved
+
+
 def auto_order(op: str, device_type: str) -> Tuple[str, ...]:
     """The implementations ``auto`` tries, in order (the reference always runs)."""
     if device_type == 'cuda':
@@ -271,8 +294,7 @@ def choose(op: str, device_type: str, dtype: torch.dtype) -> str:
         return mode
     reasons = []
     for implementation in auto_order(op, device_type):
-        reason = (None if implementation == 'reference' else
-                  _REASONS[implementation](op, device_type, dtype))
+        reason = unavailable(implementation, op, device_type, dtype)
         if reason is None:
             break
         reasons.append(reason)

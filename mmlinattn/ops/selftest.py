@@ -10,8 +10,7 @@ against its tolerance, the forward+backward time relative to the reference in th
 PASS or FAIL. Exits 1 on any FAIL. Implementations are pluggable: :func:`register` adds one.
 """
 import argparse
-import contextlib
-import os
+import functools
 import sys
 import time
 from dataclasses import dataclass, field
@@ -51,38 +50,14 @@ class OpCase:
     implementations: List[Implementation] = field(default_factory=list)
 
 
-@contextlib.contextmanager
-def ops_mode(mode: str):
-    """``MMLINATTN_OPS=mode`` for the duration."""
-    saved = os.environ.get('MMLINATTN_OPS')
-    os.environ['MMLINATTN_OPS'] = mode
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ['MMLINATTN_OPS']
-        else:
-            os.environ['MMLINATTN_OPS'] = saved
-
-
 def dispatched(op: str, function: Callable, mode: str) -> Implementation:
     """The public op run under ``MMLINATTN_OPS=mode``, available where dispatch allows it."""
 
-    def available(device_type, dtype):
-        if mode == 'reference':
-            return None
-        try:
-            with ops_mode(mode):
-                dispatch.choose(op, device_type, dtype)
-        except RuntimeError as err:
-            return str(err).split(' but ', 1)[-1]
-        return None
-
     def run(*inputs):
-        with ops_mode(mode):
+        with dispatch.forced(mode):
             return function(*inputs)
 
-    return Implementation(mode, available, run)
+    return Implementation(mode, functools.partial(dispatch.unavailable, mode, op), run)
 
 
 def _scaled(gen, shape, scale=1.0):
