@@ -31,3 +31,18 @@ def test_bundle_deps_is_importable_without_compiled_files(tmp_path):
                          env=dict(os.environ, PYTHONPATH=str(bundle)), timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ['True', 'False']
+
+
+def test_steps_run_the_selftest_first_and_print_what_decides_the_defaults():
+    """The order of gpu_check.sh's steps (the self-test before the tests and benchmarks, the
+    inductor compiles last) and the summary lines that decide each op's CUDA default."""
+    with open(os.path.join(REPO_ROOT, 'tools', 'gpu_check.sh')) as f:
+        script = f.read()
+    steps = [line.split('== ')[1] for line in script.splitlines()
+             if line.lstrip().startswith('echo "== ')]
+    names = [step.split(' (')[0].split(' ==')[0] for step in steps]
+    assert names[:6] == ['building mmlinattn._ext with CUDA', 'self-test', 'op tests',
+                         'op benchmark', 'backbone benchmark', 'compile / export tests'], names
+    assert '-m mmlinattn.ops.selftest "${selftest_args[@]}"' in script
+    assert "--sizes '224^2' '512^2' '1024^2'" in script and 'for precision in fp32 amp' in script
+    assert "grep -o 'decides: .*'" in script

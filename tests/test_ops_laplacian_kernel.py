@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mmlinattn.ops import laplacian_kernel
-from mmlinattn.ops.reference import laplacian_kernel_reference
+from mmlinattn.ops.laplacian_kernel.reference import laplacian_kernel_reference
 
 SIZES = (1, 7, 49, 50, 333)  # 49, 50, 333: key counts that are not multiples of the vector width
 HEAD_DIMS = (1, 16, 17, 32, 33, 64, 65)

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from mmlinattn.ops import newton_schulz_inverse
-from mmlinattn.ops.reference import (laplacian_kernel_reference, newton_schulz_inverse_reference,
-                                     newton_schulz_residual_reference)
+from mmlinattn.ops.laplacian_kernel.reference import laplacian_kernel_reference
+from mmlinattn.ops.newton_schulz.reference import (newton_schulz_inverse_reference,
+                                                   newton_schulz_residual_reference)
 
 EPS = 1e-2
 

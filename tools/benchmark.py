@@ -30,6 +30,7 @@ except ModuleNotFoundError as err:
 OP_BENCHMARKS = [
     'dev.benchmarks.ops_laplacian',
     'dev.benchmarks.ops_polarity',
+    'dev.benchmarks.ops_implementations',
 ]
 
 

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Op check on a CUDA machine within one time budget: build the extension with its CUDA kernels if it
-# lacks them (FORCE_CUDA=1, TORCH_CUDA_ARCH_LIST = this GPU unless set), run every
-# tests/test_ops_*.py (CUDA-marked tests included), the op benchmark on the GPU, then the fast
-# compile/export tests and the CUDA torch.compile tests of the backbones
-# (tests/test_compile_export.py), and print a summary. Each step's timeout is cut to what the
+# lacks them (FORCE_CUDA=1, TORCH_CUDA_ARCH_LIST = this GPU unless set), run the ops' self-test
+# (python -m mmlinattn.ops.selftest: every implementation against the fp64 reference), every
+# tests/test_ops_*.py (CUDA-marked tests included), the op benchmarks on the GPU (Triton against
+# the C++ kernels, the reference and the PyTorch baselines: what decides each op's default,
+# dispatch.CUDA_DEFAULT), the backbone benchmark (ours against mmdet's PVT-T and Swin-T at 224^2,
+# 512^2 and 1024^2, fp32 and AMP), then the fast compile/export tests and the CUDA torch.compile
+# tests (the Triton operators, the backbones with the Triton and the C++ kernels;
+# tests/test_compile_export.py), and print a summary. Each step's timeout is cut to what the
 # budget has left (GPU_CHECK_BUDGET_S, default 540 s: one device command may run 600 s); a step cut
 # off still reports the tests it passed. On a machine without a GPU it runs the CPU parts and says
 # which CUDA parts it skipped.
@@ -95,6 +99,18 @@ print(os.path.join(sysconfig.get_paths()["purelib"], "nvidia", "cu13", "include"
 fi
 extension_line="$("$PY" -c 'from mmlinattn.ops import extension_status; print(extension_status())' 2>&1 | tail -1)"
 
+# --- self-test: every implementation on this device against the fp64 reference -----------------
+if [ -n "$gpu" ]; then selftest_args=(--device cuda); else selftest_args=(--device cpu --quick); fi
+echo "== self-test (python -m mmlinattn.ops.selftest ${selftest_args[*]}) =="
+if timeout "$(step_limit 90 420)" "$PY" -m mmlinattn.ops.selftest "${selftest_args[@]}" \
+    > "$OUT_DIR/gpu_check_selftest.log" 2>&1; then
+  selftest_line="all PASS ($OUT_DIR/gpu_check_selftest.log)"
+else
+  selftest_line="FAILED or timed out ($OUT_DIR/gpu_check_selftest.log)"
+  status=1
+fi
+cat "$OUT_DIR/gpu_check_selftest.log"
+
 # --- tests and benchmark -------------------------------------------------------------------------
 PROGRESS_FAILURE='::[^ ]+ (FAILED|ERROR)'  # pytest -v's line of a failed test, as it runs
 run_tests() {  # $1: timeout s, $2: log name, then pytest arguments; prints pytest's last line
@@ -111,22 +127,44 @@ run_tests() {  # $1: timeout s, $2: log name, then pytest arguments; prints pyte
   return $rc
 }
 echo "== op tests (CPU, and CUDA when present) =="
-op_tests="$(run_tests "$(step_limit 240 240)" gpu_check_tests_ops.log tests/test_ops_*.py \
+op_tests="$(run_tests "$(step_limit 150 270)" gpu_check_tests_ops.log tests/test_ops_*.py \
   -m 'not slow')" || status=1
 echo "$op_tests"
 
 if [ -n "$gpu" ]; then
   echo "== op benchmark (CUDA) =="
   t0=$SECONDS
-  if timeout "$(step_limit 120 150)" "$PY" tools/benchmark.py ops --device cuda --repeats 20 \
+  if timeout "$(step_limit 100 180)" "$PY" tools/benchmark.py ops --device cuda --repeats 20 \
       --out "$OUT_DIR/ops_cuda.json" 2>&1 | tee "$OUT_DIR/gpu_check_benchmark.log"; then
     bench_line="done in $((SECONDS - t0)) s: $OUT_DIR/ops_cuda.json"
   else
     bench_line="FAILED or timed out (see $OUT_DIR/gpu_check_benchmark.log)"
     status=1
   fi
+  echo "== backbone benchmark (CUDA, fp32 and AMP) =="
+  backbone_models=(LaplacianFormer-T Pola-PVT-T Pola-Swin-T)
+  if "$PY" -c 'import mmdet.models.backbones' > /dev/null 2>&1; then
+    backbone_models+=("PVT-T (mmdet)" "Swin-T (mmdet)")
+    backbone_note=""
+  else
+    backbone_note=" (mmdet not importable: PVT-T and Swin-T left out)"
+  fi
+  t0=$SECONDS
+  backbone_line="done in %d s: $OUT_DIR/backbones_cuda*.json$backbone_note"
+  for precision in fp32 amp; do
+    amp_flag=(); json="$OUT_DIR/backbones_cuda.json"
+    if [ "$precision" = amp ]; then amp_flag=(--amp); json="$OUT_DIR/backbones_cuda_amp.json"; fi
+    if ! timeout "$(step_limit 60 120)" "$PY" tools/benchmark.py backbone --device cuda \
+        --sizes '224^2' '512^2' '1024^2' --models "${backbone_models[@]}" --repeats 5 \
+        "${amp_flag[@]}" --out "$json" 2>&1 | tee -a "$OUT_DIR/gpu_check_benchmark.log"; then
+      backbone_line="FAILED or timed out in $precision (see $OUT_DIR/gpu_check_benchmark.log)"
+      status=1
+    fi
+  done
+  backbone_line="$(printf "$backbone_line" $((SECONDS - t0)))"
 else
   bench_line="skipped (no CUDA device; the CPU op benchmark is \`python tools/benchmark.py ops\`)"
+  backbone_line="skipped (no CUDA device)"
 fi
 
 # last: the inductor compiles take what the budget has left
@@ -145,9 +183,14 @@ echo "== gpu_check summary ($((SECONDS - started)) s) =="
 echo "device     : $device_line"
 echo "build      : $build_line"
 echo "extension  : $extension_line"
+echo "self-test  : $selftest_line"
 echo "op tests   : $op_tests"
 echo "compile    : $compile_tests"
 echo "benchmark  : $bench_line"
+echo "backbones  : $backbone_line"
+if [ -n "$gpu" ]; then  # the lines of the implementations benchmark that decide the defaults
+  grep -o 'decides: .*' "$OUT_DIR/gpu_check_benchmark.log" | sed 's/^/default    : /'
+fi
 echo "logs       : $OUT_DIR/gpu_check_*.log"
 if [ $status -eq 0 ]; then echo "result     : OK"; else echo "result     : FAILED"; fi
 exit $status

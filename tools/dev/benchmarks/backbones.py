@@ -21,6 +21,9 @@ graph that ``dynamic=True`` compiles (one graph for every input size; this proje
 with the inductor options of :data:`DYNAMIC_OPTIONS`; training graphs still compile per size with
 torch 2.14, so the backward is not measured), in ``dynamic fwd ms`` columns. Compiled cases report
 no peak memory (the child process would compile again).
+
+``--amp`` (CUDA only) runs every case under ``torch.autocast('cuda', dtype=torch.float16)``, as
+mmengine's AMP optimizer wrapper trains.
 """
 import argparse
 import dataclasses
@@ -104,7 +107,7 @@ class BackboneMeasurement(Measurement):
 
 
 def _callable(model_name: str, size, phase: str, device: str,
-              compile_mode: Optional[str] = None) -> Callable[[], object]:
+              compile_mode: Optional[str] = None, amp: bool = False) -> Callable[[], object]:
     torch.manual_seed(0)
     model = BACKBONES[model_name]().to(device)
     if compile_mode == 'dynamic':
@@ -114,6 +117,8 @@ def _callable(model_name: str, size, phase: str, device: str,
         run = torch.compile(model, fullgraph=True, dynamic=False)
     else:
         run = model
+    if amp:
+        run = _autocast(run, device)
     images = torch.randn(BATCH, 3, *size, device=device)
     if phase == 'fwd':
         model.eval()
@@ -133,11 +138,19 @@ def _callable(model_name: str, size, phase: str, device: str,
     return forward_backward
 
 
+def _autocast(run: Callable, device: str) -> Callable:
+    def autocast_run(images):
+        with torch.autocast(device, dtype=torch.float16):
+            return run(images)
+
+    return autocast_run
+
+
 def case_name(model_name: str, size_name: str, phase: str) -> str:
     return f'{model_name} | {size_name} | {phase}'
 
 
-def cases(device: str, compile_mode: Optional[str] = None) -> List[Case]:
+def cases(device: str, compile_mode: Optional[str] = None, amp: bool = False) -> List[Case]:
     """Every (backbone, size, phase); the warm-up is the same backbone at 64x64. ``compile_mode``
     'static': the same under torch.compile, phases named ``compiled fwd`` / ``compiled fwd+bwd``;
     'dynamic': the forward of this project's backbones compiled with ``dynamic=True`` and their
@@ -147,8 +160,8 @@ def cases(device: str, compile_mode: Optional[str] = None) -> List[Case]:
     phases = COMPILED_PHASES[compile_mode] if compile_mode else PHASES
     return [
         Case(case_name(model, size_name, prefix + phase),
-             build=lambda m=model, s=size, p=phase: _callable(m, s, p, device, compile_mode),
-             warm_up=lambda m=model, p=phase: _callable(m, (64, 64), p, device))
+             build=lambda m=model, s=size, p=phase: _callable(m, s, p, device, compile_mode, amp),
+             warm_up=lambda m=model, p=phase: _callable(m, (64, 64), p, device, amp=amp))
         for model in models for size_name, size in SIZES.items() for phase in phases
     ]
 
@@ -192,7 +205,7 @@ def measure(case: Case, device: str, repeats: int, long_call_s: float) -> Backbo
     return BackboneMeasurement(wall_ms, child['peak_mb'], child['exact'], cpu_ms=cpu_ms)
 
 
-def summarise(results: Dict[str, BackboneMeasurement], device: str) -> Section:
+def summarise(results: Dict[str, BackboneMeasurement], device: str, amp: bool = False) -> Section:
     rows = []
     models = list(dict.fromkeys(name.split(' | ')[0] for name in results))
     for model in models:
@@ -245,7 +258,8 @@ def summarise(results: Dict[str, BackboneMeasurement], device: str) -> Section:
     if not all(r.peak_exact for r in results.values()):
         notes.append('CPU peak memory is a lower bound here: the kernel refused to reset the '
                      'high-water mark (/proc/self/clear_refs).')
-    return Section(f'Backbones on {device}', columns, rows, notes)
+    return Section(f'Backbones on {device}' + (' (AMP, fp16 autocast)' if amp else ''), columns,
+                   rows, notes)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -265,6 +279,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='also measure each case under torch.compile(fullgraph=True): static '
                         '(the default) compiles per size, forward and forward+backward; dynamic '
                         'compiles with dynamic=True, forward only')
+    parser.add_argument('--amp', action='store_true',
+                        help='run under torch.autocast(\'cuda\', dtype=torch.float16) (CUDA only)')
     parser.add_argument('--out', help='write the results as JSON to this file')
 
 
@@ -272,15 +288,19 @@ def main(args: argparse.Namespace) -> int:
     if args.device == 'cuda' and not torch.cuda.is_available():
         print('--device cuda: no CUDA device is available', file=sys.stderr)
         return 2
+    if args.amp and args.device != 'cuda':
+        print('--amp: CUDA only', file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
         os.environ['OMP_NUM_THREADS'] = str(args.threads)  # the peak-memory child processes
     models, sizes = args.models or list(BACKBONES), args.sizes or list(SIZES)
     meta = dict(environment(), device=args.device, repeats=args.repeats,
-                long_call_s=args.long_call_s, batch=BATCH)
+                long_call_s=args.long_call_s, batch=BATCH, amp=args.amp)
     print(f'# backbone benchmark on {args.device}: ' + ', '.join(f'{k}={v}' for k, v in meta.items()))
     results: Dict[str, BackboneMeasurement] = {}
-    all_cases = cases(args.device) + (cases(args.device, args.compile) if args.compile else [])
+    all_cases = cases(args.device, amp=args.amp) + (cases(args.device, args.compile, args.amp)
+                                                    if args.compile else [])
     for case in all_cases:
         model, size_name, _ = case.name.split(' | ')
         if model in models and size_name in sizes:
@@ -289,6 +309,6 @@ def main(args: argparse.Namespace) -> int:
             peak = '-' if res.peak_mb is None else f'{res.peak_mb:.0f}'
             print(f'  {case.name}: {res.time_ms:.1f} ms (CPU {res.cpu_ms:.1f} ms), '
                   f'peak {peak} MiB', flush=True)
-    section = summarise(results, args.device)
+    section = summarise(results, args.device, args.amp)
     publish([section], args.out, meta)
     return 0

@@ -30,8 +30,9 @@ from typing import Dict, List, Optional
 import torch
 
 from .common import Case, Measurement, Section
-from mmlinattn.ops import laplacian_kernel, newton_schulz_inverse
-from mmlinattn.ops.reference import laplacian_kernel_reference, newton_schulz_inverse_reference
+from mmlinattn.ops import dispatch, laplacian_kernel, newton_schulz_inverse
+from mmlinattn.ops.laplacian_kernel.reference import laplacian_kernel_reference
+from mmlinattn.ops.newton_schulz.reference import newton_schulz_inverse_reference
 
 LAM = 4.0
 EPS = 1e-2
@@ -40,10 +41,22 @@ KERNEL_SHAPES = {'224^2 (N=56^2, M=49)': (2, 2, 56 * 56, 49, 32),
 NS_SIZES = (49, 256)
 NS_BATCH = 64
 NS_ITERS = 20
-KERNEL_IMPLS = {'compiled': laplacian_kernel,
+
+
+def _compiled(op):
+    """``op`` under MMLINATTN_OPS=compiled: the C++ kernel, or an error saying why it cannot run."""
+
+    def run(*args, **kwargs):
+        with dispatch.forced('compiled'):
+            return op(*args, **kwargs)
+
+    return run
+
+
+KERNEL_IMPLS = {'compiled': _compiled(laplacian_kernel),
                 'cdist+exp': lambda q, k, lam: torch.exp(torch.cdist(q, k, p=1) * (-1.0 / lam))}
 NS_FORWARD = {
-    'compiled': lambda a: newton_schulz_inverse(a, iters=NS_ITERS, eps=EPS),
+    'compiled': _compiled(lambda a: newton_schulz_inverse(a, iters=NS_ITERS, eps=EPS)),
     'reference': lambda a: newton_schulz_inverse_reference(a, NS_ITERS, EPS),
     'linalg.inv': lambda a: torch.linalg.inv(a + EPS * torch.eye(a.shape[-1], device=a.device)),
     'linalg.pinv': lambda a: torch.linalg.pinv(a + EPS * torch.eye(a.shape[-1], device=a.device)),

@@ -1,18 +1,22 @@
 """``laplacian_kernel``: the Laplacian kernel ``exp(-||q_i - k_j||_1 / lam)`` without [B, H, N, M, D].
 
-Compiled operators ``torch.ops.mmlinattn.laplacian_kernel_forward`` / ``..._backward`` (CPU:
-fp32, fp64; CUDA: fp32, fp16, bf16 with fp32 accumulation; fake kernels and autograd in
-``library.py``). Formulas, layouts and the choices behind them: ``docs/ops/laplacian_kernel.md``.
+Implementations: ``reference.py`` (``cdist`` + ``exp``); the C++ operators
+``torch.ops.mmlinattn.laplacian_kernel_forward`` / ``..._backward`` (CPU: fp32, fp64; CUDA: fp32,
+fp16, bf16 with fp32 accumulation; fake kernels and autograd in ``compiled.py``); the Triton
+operators ``..._triton_forward`` / ``..._triton_backward`` (``triton.py``). Formulas, layouts and
+the choices behind them: ``docs/ops/laplacian_kernel.md``.
 """
 import torch
 
-from .dispatch import choose, kernel_dtype
-from .reference import laplacian_kernel_reference
-from .validation import (check_dims_match, check_positive_finite, check_same_device,
+from ..dispatch import choose, forward_operator, run_dtype
+from ..validation import (check_dims_match, check_positive_finite, check_same_device,
                          check_tensor, promote)
+from .reference import laplacian_kernel_reference
 
 
-def _check_args(q, k, lam) -> None:
+def check_args(q, k, lam) -> None:
+    """The public op's argument checks, also run by the Triton operators (the C++ ones repeat
+    them in C++), so no kernel reads out of bounds whoever calls it."""
     check_tensor('q', q, rank=4)
     check_tensor('k', k, rank=4)
     check_same_device(('q', 'k'), (q, k))
@@ -37,12 +41,13 @@ def laplacian_kernel(q: torch.Tensor, k: torch.Tensor, lam: float = 4.0) -> torc
     Returns:
         [B, H, N, M] in the promoted dtype, computed in fp32 (fp64 stays fp64).
     """
-    _check_args(q, k, lam)
+    check_args(q, k, lam)
     dtype = promote(q, k)
     q, k = q.to(dtype), k.to(dtype)
-    if choose('laplacian_kernel', q.device.type, dtype) == 'reference':
+    implementation = choose('laplacian_kernel', q.device.type, dtype)
+    if implementation == 'reference':
         return laplacian_kernel_reference(q, k, float(lam))
-    run_dtype = kernel_dtype('laplacian_kernel', q.device.type, dtype)
-    out = torch.ops.mmlinattn.laplacian_kernel_forward(q.to(run_dtype), k.to(run_dtype),
-                                                       float(lam))
+    kernel_dtype = run_dtype('laplacian_kernel', implementation, q.device.type, dtype)
+    out = forward_operator('laplacian_kernel', implementation)(q.to(kernel_dtype),
+                                                               k.to(kernel_dtype), float(lam))
     return out.to(dtype)

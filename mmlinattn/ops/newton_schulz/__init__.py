@@ -2,17 +2,17 @@
 
 Compiled operators ``torch.ops.mmlinattn.newton_schulz_inverse`` (forward, with the residual) and
 ``..._backward`` (the exact gradient of the computed iterate), CPU and CUDA, fp32 and fp64; fake
-kernels and autograd in ``library.py``. The iteration, the start ``V0 = I / ||P||_inf``, the
+kernels and autograd in ``compiled.py``; the reference in ``reference.py``. The iteration, the start ``V0 = I / ||P||_inf``, the
 gradient definition and the kernels: ``docs/ops/newton_schulz.md``.
 """
 from typing import Tuple, Union
 
 import torch
 
-from .dispatch import choose
+from ..dispatch import choose, forward_operator
+from ..validation import (check_non_negative_finite, check_positive_int, check_tensor,
+                          compute_dtype, shape_str)
 from .reference import newton_schulz_inverse_reference, newton_schulz_residual_reference
-from .validation import (check_non_negative_finite, check_positive_int, check_tensor,
-                         compute_dtype, shape_str)
 
 
 def _check_args(a, iters, eps) -> None:
@@ -55,14 +55,15 @@ def newton_schulz_inverse(
     batch_shape = a.shape[:-2]
     dtype = compute_dtype(a.dtype)
     a_compute = a.to(dtype)
-    if choose('newton_schulz_inverse', a.device.type, dtype) == 'reference':
+    implementation = choose('newton_schulz_inverse', a.device.type, dtype)
+    if implementation == 'reference':
         v = newton_schulz_inverse_reference(a_compute, iters, float(eps))
         residual = (newton_schulz_residual_reference(a_compute.detach(), v.detach(), float(eps))
                     if return_residual else None)
     else:
         flat = a_compute.unsqueeze(0) if a.dim() == 2 else a_compute.flatten(0, -3)
-        v, residual = torch.ops.mmlinattn.newton_schulz_inverse(flat, iters, float(eps),
-                                                                return_residual)
+        v, residual = forward_operator('newton_schulz_inverse', implementation)(
+            flat, iters, float(eps), return_residual)
         v = v.reshape(a.shape)
         residual = residual.reshape(batch_shape) if return_residual else None
     v = v.to(a.dtype)

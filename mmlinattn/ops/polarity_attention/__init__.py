@@ -6,18 +6,19 @@ Per batch and head, with ``x+ = relu(x)^p``, ``x- = relu(-x)^p`` (p per head and
 
     out = [ phi_s(q) kv_1 / (phi_s(q).z + eps)  ||  phi_o(q) kv_2 / (phi_o(q).z + eps) ]
 
-Compiled operators ``torch.ops.mmlinattn.polarity_linear_attention_forward`` / ``..._backward``
-(fake kernels and autograd in ``library.py``) never build the ``[.., N, 2d]`` feature tensors: one
+Implementations: ``reference.py`` (the composition of PolaFormer's code); the C++ operators
+``torch.ops.mmlinattn.polarity_linear_attention_forward`` / ``..._backward`` (fake kernels and
+autograd in ``compiled.py``), which never build the ``[.., N, 2d]`` feature tensors: one
 pass over the keys reduces ``phi(k)^T [v, 1]`` into a ``[2d, dv+1]`` state, one pass over the
 queries applies it. The state layout and the backward: ``docs/ops/polarity_linear_attention.md``.
 """
 import torch
 
-from .dispatch import choose, kernel_dtype
+from ..dispatch import choose, forward_operator, run_dtype
+from ..torch_compat import autocast_enabled
+from ..validation import (check_dims_match, check_non_negative_finite, check_same_device,
+                          check_tensor, promote, shape_str)
 from .reference import polarity_linear_attention_reference
-from .torch_compat import autocast_enabled
-from .validation import (check_dims_match, check_non_negative_finite, check_same_device,
-                         check_tensor, promote, shape_str)
 
 
 def _check_args(q, k, v, power, eps) -> None:
@@ -77,9 +78,10 @@ def polarity_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def _dispatch(q, k, v, power, eps):
     power = power.reshape(q.shape[1], q.shape[3])
-    if choose('polarity_linear_attention', q.device.type, q.dtype) == 'reference':
+    implementation = choose('polarity_linear_attention', q.device.type, q.dtype)
+    if implementation == 'reference':
         return polarity_linear_attention_reference(q, k, v, power, eps)
-    run_dtype = kernel_dtype('polarity_linear_attention', q.device.type, q.dtype)
-    out, _, _ = torch.ops.mmlinattn.polarity_linear_attention_forward(
-        q.to(run_dtype), k.to(run_dtype), v.to(run_dtype), power.to(run_dtype), float(eps))
+    dtype = run_dtype('polarity_linear_attention', implementation, q.device.type, q.dtype)
+    out, _, _ = forward_operator('polarity_linear_attention', implementation)(
+        q.to(dtype), k.to(dtype), v.to(dtype), power.to(dtype), float(eps))
     return out.to(q.dtype)
