@@ -238,7 +238,7 @@ def newton_schulz_triton_forward(a: torch.Tensor, iters: int, eps: float,
     """a [B, M, M] fp32 -> (V [B, M, M], residual [B] or [0] without ``with_residual``)."""
     _check_args(a, iters, eps)
     a = a.contiguous()
-    batch, m = a.shape[0], a.shape[1]
+    batch, m = a.shape[0], int(a.shape[1])  # BLOCK is a compile-time constant: M is specialised
     v = torch.empty_like(a)
     residual = a.new_empty((batch if with_residual else 0, ))
     if a.numel() == 0:
@@ -258,12 +258,12 @@ def newton_schulz_triton_backward(grad_v: torch.Tensor, a: torch.Tensor, iters: 
         raise ValueError(f'grad_v must match a (shape [{shape_str(a)}], {a.dtype}, {a.device}), '
                          f'got [{shape_str(grad_v)}], {grad_v.dtype}, {grad_v.device}')
     a, grad_v = a.contiguous(), grad_v.contiguous()
-    batch, m = a.shape[0], a.shape[1]
+    batch, m = a.shape[0], int(a.shape[1])
     grad_a = torch.empty_like(a)
     if a.numel() == 0:
         return grad_a
     n_products = iters - 1
-    history = a.new_empty((max(batch * n_products * 2 * m * m, 1), ))
+    history = a.new_empty((batch, max(n_products, 1), 2, m, m))
     block = block_size(m)
     torch.library.wrap_triton(_newton_schulz_backward_kernel)[(batch, )](
         grad_v, a, grad_a, history, m, float(eps), n_products, _UNIT_ROUNDOFF, BLOCK=block,
