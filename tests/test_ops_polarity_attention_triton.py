@@ -33,10 +33,13 @@ CASES = [((1, 2) if i % 2 else (2, 1)) + tuple(EDGES[(i + shift) % 4] for shift 
          for i in range(4)] + [(1, 1, '1', '1', '1', '1')]
 # Two chunks of the outer-product reductions, the second holding one token; odd head dim.
 CHUNKED = (1, 2, 'c+1', 'c+1', 5, 4)
-# Tolerances against the fp64 reference on the same rounded inputs, relative to max(1, max|ref|).
-# Half precision: out is stored rounded (2^-11 / 2^-8) and the backward reads that rounded out,
-# whose error the normaliser's gradient (g.out / den, cancelling against g / den) amplifies.
-TOLERANCES = {'float32': 1e-5, 'float16': 4e-3, 'bfloat16': 3e-2}
+NO_QUERIES = (1, 2, 0, 't+1', 3, 2)
+# Tolerances against the fp64 reference on the same rounded inputs, relative to max(1, max|ref|)
+# (largest errors measured over 8 draws: fp16 8e-4, bf16 1.3e-2). In half precision out, dq, dk,
+# dv are stored rounded and the backward reads the rounded out, whose error the normaliser's
+# gradient (g.out / den, cancelling against g / den) amplifies. The interpreter casts fp32 to
+# bf16 by truncation (the GPU rounds to nearest), which doubles the bf16 rounding error.
+TOLERANCES = {'float32': 1e-5, 'float16': 2e-3, 'bfloat16': 3e-2}
 
 
 def kernels():
@@ -140,8 +143,9 @@ def check_nan_propagation(device='cpu'):
 
 
 def check_backward_is_deterministic(device='cpu'):
-    """Two backward runs (several chunks and token tiles) are bitwise equal."""
-    inputs = make_inputs(*resolve_case(CHUNKED), torch.float32, device=device, seed=3)
+    """Two backward runs (two chunks, five token tiles) are bitwise equal."""
+    inputs = make_inputs(*resolve_case((1, 1, 'c+1', 'c+1', 3, 2)), torch.float32, device=device,
+                         seed=3)
     grad_out = random_grad_out(inputs)
     first = forward_backward(triton_attention, inputs, grad_out)
     second = forward_backward(triton_attention, inputs, grad_out)
@@ -156,7 +160,7 @@ def check_opcheck(dtype_name, device='cpu', test_utils=None):
     kernels()
     dtype = getattr(torch, dtype_name)
     utils = {} if test_utils is None else {'test_utils': test_utils}
-    q, k, v, power = make_inputs(2, 3, 37, 70, 5, 6, dtype, device=device, away_from_zero=True)
+    q, k, v, power = make_inputs(1, 2, 5, 7, 3, 4, dtype, device=device, away_from_zero=True)
     ops = torch.ops.mmlinattn
     inputs = [t.requires_grad_() for t in (q, k, v, power)]
     torch.library.opcheck(ops.polarity_linear_attention_triton_forward, (*inputs, EPS), **utils)
@@ -191,11 +195,13 @@ def check_bad_call(what, device='cpu'):
 def interpreter():
     """One spawned worker with TRITON_INTERPRET=1 in its environment (see the module docstring);
     this process's environment is restored as soon as the worker has started."""
-    with mock.patch.dict(os.environ, {'TRITON_INTERPRET': '1'}):
-        pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn'))
-        pool.submit(check_interpreted).result()
-    yield pool
-    pool.shutdown()
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn'))
+    try:
+        with mock.patch.dict(os.environ, {'TRITON_INTERPRET': '1'}):
+            pool.submit(check_interpreted).result()  # the worker starts here, with the variable
+        yield pool
+    finally:
+        pool.shutdown()
 
 
 def run(pool, check, *args):
@@ -206,7 +212,7 @@ def case_id(case):
     return 'B{}h{}-N{}-n{}-d{}-dv{}'.format(*case)
 
 
-@pytest.mark.parametrize('case', CASES + [CHUNKED], ids=case_id)
+@pytest.mark.parametrize('case', CASES + [CHUNKED, NO_QUERIES], ids=case_id)
 def test_matches_reference_fp32(interpreter, case):
     run(interpreter, check_against_reference, case, 'float32')
 

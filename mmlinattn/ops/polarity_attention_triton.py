@@ -250,7 +250,8 @@ def _key_state_grad(state_grad: torch.Tensor, n: int, d: int, dv: int) -> torch.
 
 def _interpreted() -> bool:
     """Whether the kernels were defined under ``TRITON_INTERPRET=1`` (they then run on CPU)."""
-    return type(_outer_reduce_kernel).__name__ == 'InterpretedFunction'
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(_outer_reduce_kernel, InterpretedFunction)
 
 
 def _check_forward_args(q, k, v, power) -> None:
