@@ -14,6 +14,7 @@ checks in this process on the GPU, where the kernels are compiled.
 Cases name their sizes relative to the kernels' tiles ('t-1' is one below the tile of that
 dimension; dv, which must be even, goes two below or above), resolved in the process that runs them.
 """
+import importlib
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -43,7 +44,6 @@ TOLERANCES = {'float32': 1e-5, 'float16': 2e-3, 'bfloat16': 3e-2}
 
 
 def kernels():
-    import importlib
     return importlib.import_module(KERNELS)
 
 
@@ -94,7 +94,7 @@ def random_grad_out(inputs):
 
 def check_interpreted():
     """The worker's kernels are interpreted (TRITON_INTERPRET=1 reached it before the import)."""
-    assert kernels()._interpreted(), 'the worker compiled the kernels instead of interpreting them'
+    assert kernels().interpreted(), 'the worker compiled the kernels instead of interpreting them'
 
 
 def check_against_reference(case, dtype_name, device='cpu', tol=None):
@@ -188,6 +188,16 @@ def check_bad_call(what, device='cpu'):
     ops.polarity_linear_attention_triton_forward(*calls[what], EPS)
 
 
+def check_unsupported_reasons():
+    """What the dispatcher asks before choosing these kernels: fp64 is declined with a reason;
+    CPU tensors run (in the interpreter)."""
+    mod = kernels()
+    assert torch.float64 not in mod.TRITON_DTYPES
+    assert 'float64' in mod.unsupported_reason('cuda', torch.float64)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        assert mod.unsupported_reason('cpu', dtype) == '', dtype
+
+
 # ---- tests ------------------------------------------------------------------------------------
 
 
@@ -237,8 +247,12 @@ def test_opcheck(interpreter):
         ('test_schema', 'test_autograd_registration', 'test_faketensor'))
 
 
+def test_unsupported_reasons(interpreter):
+    run(interpreter, check_unsupported_reasons)
+
+
 @pytest.mark.parametrize('what, message', [
-    ('float64', 'takes float32, float16 or bfloat16'),
+    ('float64', 'takes float32, float16 or bfloat16, got torch.float64'),
     ('head dim', 'same head dim'),
     ('odd dv', 'even'),
     ('power shape', r'power must have shape \[2, 5\]'),

@@ -248,22 +248,31 @@ def _key_state_grad(state_grad: torch.Tensor, n: int, d: int, dv: int) -> torch.
                       state_grad[..., dv:dv + 1] + swapped[..., dv + 1:]], dim=-1) / n
 
 
-def _interpreted() -> bool:
-    """Whether the kernels were defined under ``TRITON_INTERPRET=1`` (they then run on CPU)."""
+def interpreted() -> bool:
+    """Whether the kernels were defined under ``TRITON_INTERPRET=1`` (they then run on CPU
+    tensors, in Triton's interpreter)."""
     from triton.runtime.interpreter import InterpretedFunction
     return isinstance(_outer_reduce_kernel, InterpretedFunction)
+
+
+def unsupported_reason(device_type: str, dtype: torch.dtype) -> str:
+    """Why these kernels cannot run on tensors of ``device_type`` and ``dtype``; '' if they can."""
+    if dtype not in TRITON_DTYPES:
+        return ('the Triton polarity_linear_attention takes float32, float16 or bfloat16, got '
+                f'{dtype}')
+    if device_type != 'cuda' and not interpreted():
+        return ('the Triton polarity_linear_attention runs on CUDA tensors (on CPU tensors only '
+                f'with TRITON_INTERPRET=1 set before it is imported), got {device_type}')
+    return ''
 
 
 def _check_forward_args(q, k, v, power) -> None:
     for name, t in (('q', q), ('k', k), ('v', v)):
         if t.dim() != 4:
             raise ValueError(f'{name} must have 4 dimensions, got shape {list(t.shape)}')
-    if q.dtype not in TRITON_DTYPES:
-        raise ValueError('the Triton polarity_linear_attention takes float32, float16 or '
-                         f'bfloat16, got q of dtype {q.dtype}')
-    if q.device.type != 'cuda' and not _interpreted():
-        raise ValueError('the Triton polarity_linear_attention runs on CUDA tensors (CPU tensors '
-                         f'only with TRITON_INTERPRET=1 set before it is imported), got {q.device}')
+    reason = unsupported_reason(q.device.type, q.dtype)
+    if reason:
+        raise ValueError(reason)
     for name, t in (('k', k), ('v', v), ('power', power)):
         if t.dtype != q.dtype or t.device != q.device:
             raise ValueError(f'{name} must have the dtype and device of q ({q.dtype} on '
