@@ -129,7 +129,8 @@ def test_auto_on_cuda_runs_triton_and_says_why_it_falls_back(fresh_warnings):
 @pytest.mark.parametrize('op,device,dtype,match', [
     ('laplacian_kernel', 'meta', torch.float32, "laplacian_kernel has no Triton kernel for device "
      "'meta'"),
-    ('newton_schulz_inverse', 'cuda', torch.float32, 'newton_schulz_inverse has no Triton kernel'),
+    ('newton_schulz_inverse', 'cuda', torch.float64, 'the Triton kernel of newton_schulz_inverse '
+     'takes float32, not float64'),
     ('laplacian_kernel', 'cuda', torch.float64, 'the Triton kernel of laplacian_kernel takes '
      'float32, float16, bfloat16, not float64'),
 ])
@@ -137,6 +138,19 @@ def test_triton_mode_says_why_it_cannot_run(monkeypatch, op, device, dtype, matc
     monkeypatch.setenv('MMLINATTN_OPS', 'triton')
     with pytest.raises(RuntimeError, match='MMLINATTN_OPS=triton but ' + match):
         dispatch.choose(op, device, dtype)
+
+
+def test_newton_schulz_beyond_the_triton_tile_runs_another_implementation(monkeypatch):
+    """The Triton Newton-Schulz kernel holds one matrix per program (M <= 128): a larger M on CUDA
+    runs the next implementation of auto's order with a FallbackWarning, and triton mode raises."""
+    limit = dispatch.TRITON_KERNELS['newton_schulz_inverse'].max_size
+    args = ('newton_schulz_inverse', 'cuda', torch.float32)
+    assert dispatch.choose_for_size(*args, limit) == 'triton'
+    with pytest.warns(FallbackWarning, match=f'takes sizes up to {limit}, got {limit + 1}'):
+        assert dispatch.choose_for_size(*args, limit + 1) in ('compiled', 'reference')
+    monkeypatch.setenv('MMLINATTN_OPS', 'triton')
+    with pytest.raises(RuntimeError, match=f'MMLINATTN_OPS=triton but .* up to {limit}'):
+        dispatch.choose_for_size(*args, limit + 1)
 
 
 def run_script(script, **env):
@@ -158,13 +172,15 @@ from mmlinattn.ops import dispatch, extension_status, laplacian_kernel
 with pytest.raises(RuntimeError, match="MMLINATTN_OPS=triton but the Triton kernel of laplacian_kernel "
                    "runs on CPU tensors only through triton's interpreter \\(set TRITON_INTERPRET=1"):
     laplacian_kernel(torch.ones(1, 1, 2, 3), torch.ones(1, 1, 2, 3))
-assert 'triton: laplacian_kernel (CUDA)' in extension_status(), extension_status()
+assert ('triton: laplacian_kernel, newton_schulz_inverse, polarity_linear_attention (CUDA)'
+        in extension_status()), extension_status()
 """, MMLINATTN_OPS='triton', TRITON_INTERPRET=None)
     run_script("""
 import os, torch
 from mmlinattn.ops import dispatch, extension_status
 assert dispatch.choose('laplacian_kernel', 'cpu', torch.float16) == 'triton'
-assert 'triton: laplacian_kernel (interpreter, CPU tensors)' in extension_status()
+assert ('triton: laplacian_kernel, newton_schulz_inverse, polarity_linear_attention '
+        '(interpreter, CPU tensors)' in extension_status()), extension_status()
 os.environ['MMLINATTN_OPS'] = 'auto'
 assert dispatch.choose('laplacian_kernel', 'cpu', torch.float32) in ('compiled', 'reference')
 """, MMLINATTN_OPS='triton', TRITON_INTERPRET='1')

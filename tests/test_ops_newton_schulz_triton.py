@@ -1,4 +1,4 @@
-"""newton_schulz_inverse's Triton kernels (``mmlinattn/ops/newton_schulz_triton.py``) on CPU
+"""newton_schulz_inverse's Triton kernels (``mmlinattn/ops/newton_schulz/triton.py``) on CPU
 tensors through the Triton interpreter: forward and backward against the reference and autograd
 through it, at every tile edge, before and after the per-matrix stop; ties of the row maximum;
 NaN; determinism; the registered operators; the calls they refuse.
@@ -18,7 +18,8 @@ import re
 import pytest
 import torch
 
-from mmlinattn.ops.reference import laplacian_kernel_reference, newton_schulz_inverse_reference
+from mmlinattn.ops.laplacian_kernel.reference import laplacian_kernel_reference
+from mmlinattn.ops.newton_schulz.reference import newton_schulz_inverse_reference
 
 EPS = 1e-2
 # tile - 1, tile, tile + 1 of every BLOCK the kernels use (16, 32, 64, 128), M = 1 and the model's
@@ -47,24 +48,24 @@ def interpreter():
 # ---- run in the worker --------------------------------------------------------------------
 
 def _kernel_module():
-    from mmlinattn.ops import newton_schulz_triton
+    from mmlinattn.ops.newton_schulz import triton as newton_schulz_triton
     assert os.environ.get('TRITON_INTERPRET') == '1'
     return newton_schulz_triton.__name__
 
 
 def _forward(a, iters, eps, with_residual=True):
-    from mmlinattn.ops.newton_schulz_triton import newton_schulz_triton_forward
+    from mmlinattn.ops.newton_schulz.triton import newton_schulz_triton_forward
     return newton_schulz_triton_forward(a, iters, eps, with_residual)
 
 
 def _backward(grad_v, a, iters, eps):
-    from mmlinattn.ops.newton_schulz_triton import newton_schulz_triton_backward
+    from mmlinattn.ops.newton_schulz.triton import newton_schulz_triton_backward
     return newton_schulz_triton_backward(grad_v, a, iters, eps)
 
 
 def _operator_forward_and_gradient(a, grad_v, iters, eps):
     """V, residual and dL/da through the registered operator and its autograd."""
-    import mmlinattn.ops.newton_schulz_triton  # noqa: F401  (registers the operators)
+    import mmlinattn.ops.newton_schulz.triton  # noqa: F401  (registers the operators)
     a = a.clone().requires_grad_()
     v, residual = torch.ops.mmlinattn.newton_schulz_inverse_triton(a, iters, eps, True)
     (grad_a, ) = torch.autograd.grad(v, a, grad_v)
@@ -75,7 +76,7 @@ def _opcheck(a, iters, eps):
     """opcheck of both operators. ``test_aot_dispatch_dynamic`` is left out: AOT dispatch traces
     the launchers through ``wrap_triton``, which under the interpreter hands back the plain
     interpreted kernel, and that cannot run on fake tensors (it is checked on CUDA)."""
-    from mmlinattn.ops import newton_schulz_triton as ns
+    from mmlinattn.ops.newton_schulz import triton as ns
     utils = ('test_schema', 'test_autograd_registration', 'test_faketensor')
     for with_residual in (True, False):
         torch.library.opcheck(ns.newton_schulz_inverse_triton,
@@ -87,7 +88,7 @@ def _opcheck(a, iters, eps):
 
 def _error(fn_name, *args):
     """The ValueError message a launcher raises, or None."""
-    from mmlinattn.ops import newton_schulz_triton as ns
+    from mmlinattn.ops.newton_schulz import triton as ns
     try:
         getattr(ns, fn_name)(*args)
     except ValueError as err:
@@ -96,7 +97,7 @@ def _error(fn_name, *args):
 
 
 def _constants():
-    from mmlinattn.ops import newton_schulz_triton as ns
+    from mmlinattn.ops.newton_schulz import triton as ns
     return ns.TRITON_DTYPES, ns.MAX_M, [ns.block_size(m) for m in SIZES]
 
 

@@ -1,4 +1,4 @@
-"""polarity_linear_attention's Triton kernels (``polarity_attention_triton.py``) against the fp64
+"""polarity_linear_attention's Triton kernels (``mmlinattn/ops/polarity_attention/triton.py``) against the fp64
 reference: forward and the gradients of q, k, v and power, NaN propagation, deterministic
 backward, the registered operators (opcheck) and their argument checks.
 
@@ -25,7 +25,7 @@ import torch
 
 from test_ops_polarity_attention import assert_close_scaled, make_inputs
 
-KERNELS = 'mmlinattn.ops.polarity_attention_triton'
+KERNELS = 'mmlinattn.ops.polarity_attention.triton'
 EPS = 1e-6
 EDGES = ('1', 't-1', 't', 't+1')
 # (B, h, N, n, d, dv): each of N, n, d, dv at every edge of its tile, in a Latin square so that
@@ -72,7 +72,7 @@ def triton_attention(q, k, v, power):
 
 
 def reference(q, k, v, power):
-    from mmlinattn.ops.reference import polarity_linear_attention_reference
+    from mmlinattn.ops.polarity_attention.reference import polarity_linear_attention_reference
     return polarity_linear_attention_reference(q, k, v, power, EPS)
 
 

@@ -70,11 +70,19 @@ class TritonKernel:
     module: str
     forward: str
     dtypes: Tuple[torch.dtype, ...]
+    max_size: Optional[int] = None  # the largest matrix size the kernel takes (one tile a matrix)
 
 
 TRITON_KERNELS: Dict[str, TritonKernel] = {
     'laplacian_kernel': TritonKernel('mmlinattn.ops.laplacian_kernel.triton',
                                      'laplacian_kernel_triton_forward', _HALF_AND_FP32),
+    # fp32 only: half inputs reach it cast to the compute dtype; one program holds a matrix.
+    'newton_schulz_inverse': TritonKernel('mmlinattn.ops.newton_schulz.triton',
+                                          'newton_schulz_inverse_triton', (torch.float32, ),
+                                          max_size=128),
+    'polarity_linear_attention': TritonKernel('mmlinattn.ops.polarity_attention.triton',
+                                              'polarity_linear_attention_triton_forward',
+                                              _HALF_AND_FP32),
 }
 
 # The implementation ``auto`` runs on CUDA, per op. The default is the one this project verifies
@@ -304,6 +312,27 @@ def choose(op: str, device_type: str, dtype: torch.dtype) -> str:
         warnings.warn(f'mmlinattn: {message}; {op} runs its {IMPLEMENTATION_NAMES[implementation]}'
                       '. Said once per process.', FallbackWarning, stacklevel=4)
     return implementation
+
+
+def choose_for_size(op: str, device_type: str, dtype: torch.dtype, size: int) -> str:
+    """:func:`choose`, then the next implementation of ``auto``'s order where the Triton kernel's
+    :attr:`TritonKernel.max_size` is below ``size`` (a shape, so no tensor value is read); in
+    ``triton`` mode that is an error."""
+    implementation = choose(op, device_type, dtype)
+    limit = TRITON_KERNELS[op].max_size if op in TRITON_KERNELS else None
+    if implementation != 'triton' or limit is None or size <= limit:
+        return implementation
+    reason = f'the Triton kernel of {op} takes sizes up to {limit}, got {size}'
+    if ops_mode() == 'triton':
+        raise RuntimeError(f'MMLINATTN_OPS=triton but {reason}')
+    for fallback in auto_order(op, device_type):
+        if fallback != 'triton' and unavailable(fallback, op, device_type, dtype) is None:
+            break
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f'mmlinattn: {reason}; it runs its {IMPLEMENTATION_NAMES[fallback]}. Said '
+                      'once per process.', FallbackWarning, stacklevel=3)
+    return fallback
 
 
 # Last: loading registers every op's compiled.py, whose package imports the names above.

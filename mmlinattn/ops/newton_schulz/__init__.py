@@ -9,7 +9,7 @@ from typing import Tuple, Union
 
 import torch
 
-from ..dispatch import choose, forward_operator
+from ..dispatch import choose_for_size, forward_operator
 from ..validation import (check_non_negative_finite, check_positive_int, check_tensor,
                           compute_dtype, shape_str)
 from .reference import newton_schulz_inverse_reference, newton_schulz_residual_reference
@@ -55,7 +55,7 @@ def newton_schulz_inverse(
     batch_shape = a.shape[:-2]
     dtype = compute_dtype(a.dtype)
     a_compute = a.to(dtype)
-    implementation = choose('newton_schulz_inverse', a.device.type, dtype)
+    implementation = choose_for_size('newton_schulz_inverse', a.device.type, dtype, a.shape[-1])
     if implementation == 'reference':
         v = newton_schulz_inverse_reference(a_compute, iters, float(eps))
         residual = (newton_schulz_residual_reference(a_compute.detach(), v.detach(), float(eps))

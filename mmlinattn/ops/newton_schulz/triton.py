@@ -37,7 +37,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .validation import check_non_negative_finite, check_positive_int, shape_str
+from triton.runtime.interpreter import InterpretedFunction
+
+from ..registration import define_triton
+from ..validation import check_non_negative_finite, check_positive_int, shape_str
+from .compiled import OPERATORS
 
 TRITON_DTYPES = (torch.float32, )
 MAX_M = 128
@@ -273,41 +277,8 @@ def newton_schulz_triton_backward(grad_v: torch.Tensor, a: torch.Tensor, iters: 
 
 # ---- operators ------------------------------------------------------------------------------
 
-
-@torch.library.triton_op('mmlinattn::newton_schulz_inverse_triton', mutates_args=())
-def newton_schulz_inverse_triton(a: torch.Tensor, iters: int, eps: float,
-                                 with_residual: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    return newton_schulz_triton_forward(a, iters, eps, with_residual)
-
-
-@torch.library.triton_op('mmlinattn::newton_schulz_inverse_triton_backward', mutates_args=())
-def newton_schulz_inverse_triton_backward(grad_v: torch.Tensor, a: torch.Tensor, iters: int,
-                                          eps: float) -> torch.Tensor:
-    return newton_schulz_triton_backward(grad_v, a, iters, eps)
-
-
-# triton_op traces the launcher as its fake kernel; an interpreted kernel cannot run on fake
-# tensors, so the shapes are given here.
-@newton_schulz_inverse_triton.register_fake
-def _fake_forward(a, iters, eps, with_residual):
-    return a.new_empty(a.shape), a.new_empty((a.shape[0] if with_residual else 0, ))
-
-
-@newton_schulz_inverse_triton_backward.register_fake
-def _fake_backward(grad_v, a, iters, eps):
-    return a.new_empty(a.shape)
-
-
-def _setup(ctx, inputs, output):
-    a, iters, eps, _ = inputs
-    ctx.save_for_backward(a)
-    ctx.iters, ctx.eps = iters, eps
-    ctx.mark_non_differentiable(output[1])
-
-
-def _backward(ctx, grad_v, grad_residual):
-    (a, ) = ctx.saved_tensors
-    return newton_schulz_inverse_triton_backward(grad_v, a, ctx.iters, ctx.eps), None, None, None
-
-
-newton_schulz_inverse_triton.register_autograd(_backward, setup_context=_setup)
+INTERPRETED = isinstance(_newton_schulz_forward_kernel, InterpretedFunction)  # TRITON_INTERPRET=1
+# The schemas, fake kernels and autograd formula are the C++ operators' (compiled.py): one per op.
+newton_schulz_inverse_triton, newton_schulz_inverse_triton_backward = define_triton(
+    OPERATORS, 'newton_schulz_inverse_triton', newton_schulz_triton_forward,
+    'newton_schulz_inverse_triton_backward', newton_schulz_triton_backward)

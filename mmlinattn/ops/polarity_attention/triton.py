@@ -29,7 +29,10 @@ from typing import Tuple
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import wrap_triton
+
+from ..registration import define_triton
+from .compiled import OPERATORS
 
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Tile sizes: tokens per program tile, head-dim channels per tile, state / value columns per tile.
@@ -310,7 +313,6 @@ def _check_backward_args(grad_out, q, k, v, power, out, state, den) -> None:
                              f'{t.dtype} of shape {list(t.shape)} on {t.device}')
 
 
-@triton_op('mmlinattn::polarity_linear_attention_triton_forward', mutates_args=())
 def polarity_triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             power: torch.Tensor,
                             eps: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -340,7 +342,6 @@ def polarity_triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out, state, den
 
 
-@triton_op('mmlinattn::polarity_linear_attention_triton_backward', mutates_args=())
 def polarity_triton_backward(
         grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         power: torch.Tensor, out: torch.Tensor, state: torch.Tensor,
@@ -384,32 +385,8 @@ def polarity_triton_backward(
     return dq, dk, dv_out, dpower
 
 
-@polarity_triton_forward.register_fake
-def _fake_forward(q, k, v, power, eps):
-    batch, heads, num_queries, head_dim = q.shape
-    value_dim = v.shape[3]
-    return (q.new_empty((batch, heads, num_queries, value_dim)),
-            q.new_empty((batch, heads, 2 * head_dim, value_dim + 2), dtype=torch.float32),
-            q.new_empty((batch, heads, num_queries, 2), dtype=torch.float32))
-
-
-@polarity_triton_backward.register_fake
-def _fake_backward(grad_out, q, k, v, power, out, state, den):
-    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
-            power.new_empty(power.shape, dtype=torch.float32))
-
-
-def _setup_context(ctx, inputs, output):
-    q, k, v, power, _ = inputs
-    out, state, den = output
-    ctx.save_for_backward(q, k, v, power, out, state, den)
-    ctx.mark_non_differentiable(state, den)
-
-
-def _backward(ctx, grad_out, grad_state, grad_den):
-    q, k, v, power, out, state, den = ctx.saved_tensors
-    dq, dk, dv, dpower = polarity_triton_backward(grad_out, q, k, v, power, out, state, den)
-    return dq, dk, dv, dpower.to(power.dtype), None
-
-
-polarity_triton_forward.register_autograd(_backward, setup_context=_setup_context)
+INTERPRETED = interpreted()
+# The schemas, fake kernels and autograd formula are the C++ operators' (compiled.py): one per op.
+polarity_linear_attention_triton_forward, polarity_linear_attention_triton_backward = define_triton(
+    OPERATORS, 'polarity_linear_attention_triton_forward', polarity_triton_forward,
+    'polarity_linear_attention_triton_backward', polarity_triton_backward)
