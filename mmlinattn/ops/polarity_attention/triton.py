@@ -112,11 +112,13 @@ def _outer_reduce_kernel(x_ptr, p_ptr, w_ptr, den_ptr, den_grad_ptr, partial_ptr
 @triton.jit
 def _feature_matmul_kernel(x_ptr, p_ptr, mat_ptr, out_ptr, den_ptr, heads, tokens, d, dv,
                            mat_cols, eps, NORMALISE: tl.constexpr, BLOCK_T: tl.constexpr,
-                           BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
+                           BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
+                           SAVED_DEN: tl.constexpr = False):
     """y_t = phi(x_t) mat[:, :dv] for a tile of tokens and columns (mat: [2d, mat_cols] per bh).
 
     NORMALISE (query forward): den_t = phi(x_t) mat[:, dv:dv+2] + eps,
     out_t = [y[:m] / den_0, y[m:dv] / den_1]; otherwise out_t = y_t (dv of the key backward).
+    SAVED_DEN (query backward): den is read from den_ptr, as the forward stored it.
     Grid (bh * token tiles, column tiles of dv); the channels are the loop.
     """
     tiles = tl.cdiv(tokens, BLOCK_T)
@@ -152,12 +154,16 @@ def _feature_matmul_kernel(x_ptr, p_ptr, mat_ptr, out_ptr, den_ptr, heads, token
             den_same += tl.sum(pos * z_same_pos[None, :] + neg * z_same_neg[None, :], axis=1)
             den_opp += tl.sum(pos * z_opp_pos[None, :] + neg * z_opp_neg[None, :], axis=1)
     if NORMALISE:
-        den_same += eps
-        den_opp += eps
+        if SAVED_DEN:
+            den_same = tl.load(den_ptr + rows * 2, mask=t_mask, other=1.0)
+            den_opp = tl.load(den_ptr + rows * 2 + 1, mask=t_mask, other=1.0)
+        else:
+            den_same += eps
+            den_opp += eps
+            first_col_tile = tl.program_id(1) == 0
+            tl.store(den_ptr + rows * 2, den_same, mask=t_mask & first_col_tile)
+            tl.store(den_ptr + rows * 2 + 1, den_opp, mask=t_mask & first_col_tile)
         acc = acc / tl.where((col_idx < dv // 2)[None, :], den_same[:, None], den_opp[:, None])
-        first_col_tile = tl.program_id(1) == 0
-        tl.store(den_ptr + rows * 2, den_same, mask=t_mask & first_col_tile)
-        tl.store(den_ptr + rows * 2 + 1, den_opp, mask=t_mask & first_col_tile)
     tl.store(out_ptr + rows[:, None] * dv + col_idx[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=t_mask[:, None] & col_mask[None, :])
 
@@ -365,6 +371,15 @@ def polarity_triton_backward(
     if num_queries > 0:
         den_grad = q.new_empty((batch, heads, num_queries, 2), dtype=torch.float32)
         rows = bh_count * num_queries
+        if out.dtype != torch.float32:
+            # The normaliser's gradient -g.out/den cancels against g.y/den (exactly where the
+            # output does not depend on q): out rounded to half precision would leave that
+            # rounding in dq, so it is recomputed in fp32 from the saved state and den.
+            out = q.new_empty(out.shape, dtype=torch.float32)
+            wrap_triton(_feature_matmul_kernel)[(bh_count * query_tiles,
+                                                 triton.cdiv(dv, COLUMN_TILE))](
+                q, power, state, out, den, heads, num_queries, d, dv, dv + 2, 0.0,
+                NORMALISE=True, SAVED_DEN=True, **_TILES)
         wrap_triton(_den_grad_kernel)[(triton.cdiv(rows, TOKEN_TILE), )](
             grad_out, out, den, den_grad, rows, dv, BLOCK_T=TOKEN_TILE, BLOCK_C=COLUMN_TILE)
         grid = (bh_count * chunks, channel_tiles, triton.cdiv(dv + 2, COLUMN_TILE))
