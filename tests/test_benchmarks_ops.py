@@ -105,7 +105,7 @@ def test_polarity_ops_table():
 def test_implementations_cases_cover_every_op_shape_and_available_kernel():
     """Cases per op: the kernels that run on the device (decided from the device type: no GPU is
     needed to list the CUDA cases) and the baselines, at the authors' M = 16..128 and stage 1."""
-    from benchmarks import ops_implementations as impls
+    from dev.benchmarks import ops_implementations as impls
     from mmlinattn.ops import dispatch
     names = {case.name for case in impls.cases('cuda')}
     for op, shapes in impls.SHAPES.items():
@@ -126,7 +126,7 @@ def test_implementations_cases_cover_every_op_shape_and_available_kernel():
 def test_implementations_table_and_default_decision():
     """Synthetic times: ratios to the reference, and per op the decision line (the C++ kernel
     faster than Triton: switch if the self-test passes it; slower or absent: keep / not decided)."""
-    from benchmarks import ops_implementations as impls
+    from dev.benchmarks import ops_implementations as impls
     from dev.benchmarks.common import Measurement
 
     def time_ms(op, impl):  # C++ faster for laplacian_kernel, Triton faster for the others

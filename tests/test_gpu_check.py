@@ -36,7 +36,7 @@ def test_bundle_deps_is_importable_without_compiled_files(tmp_path):
 def test_steps_run_the_selftest_first_and_print_what_decides_the_defaults():
     """The order of gpu_check.sh's steps (the self-test before the tests and benchmarks, the
     inductor compiles last) and the summary lines that decide each op's CUDA default."""
-    with open(os.path.join(REPO_ROOT, 'tools', 'gpu_check.sh')) as f:
+    with open(os.path.join(REPO_ROOT, 'tools', 'dev', 'gpu_check.sh')) as f:
         script = f.read()
     steps = [line.split('== ')[1] for line in script.splitlines()
              if line.lstrip().startswith('echo "== ')]
