@@ -168,7 +168,7 @@ class LaplacianFormer(StagedBackbone):
         self.local_kernel_sizes = list(self.arch['local_kernel_sizes'])
         self.pretrain_img_size = pretrain_img_size
 
-        drop_path_rates = torch.linspace(0, drop_path_rate, sum(self.depths)).tolist()
+        drop_path_rates = torch.linspace(0, drop_path_rate, sum(self.depths), device='cpu').tolist()
         self.stages = nn.ModuleList()
         in_dims = in_channels
         for i in range(self.num_stages):
