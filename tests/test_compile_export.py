@@ -28,7 +28,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKBONES = {
     'LaplacianFormer': (lambda: LaplacianFormer(
         arch=dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4], depths=[1, 1, 1, 1]),
-        drop_path_rate=0.0, max_landmark_grid=7), [(96, 128), (128, 160)]),
+        drop_path_rate=0.0), [(96, 128), (128, 160)]),
     'PolaPVT': (lambda: PolaPVT(arch=dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4],
                                           depths=[1, 1, 1, 1]), drop_path_rate=0.0),
                 [(96, 128), (128, 160)]),

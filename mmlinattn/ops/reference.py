@@ -5,6 +5,8 @@ the ONNX exporter translates. Keep this file a flat list of functions, one (or a
 Half-precision inputs are computed in fp32 and the result is cast back, as the compiled kernels
 do. Non-finite inputs are not checked and propagate.
 """
+from typing import Tuple
+
 import torch
 
 from .torch_compat import is_exporting
@@ -83,12 +85,18 @@ def newton_schulz_residual_reference(a: torch.Tensor, v: torch.Tensor, eps: floa
     return torch.linalg.matrix_norm(eye - p @ v.to(dtype)) / m**0.5
 
 
+def polarity_features(x: torch.Tensor, power: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """PolaFormer's feature map ``(x+, x-) = (relu(x)^p, relu(-x)^p)``: x [..., n, d] and p
+    broadcasting to it (e.g. [1, h, 1, d]) -> two tensors of x's shape."""
+    return torch.relu(x)**power, torch.relu(-x)**power
+
+
 def polarity_linear_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                         power: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """PolaFormer's polarity-aware linear attention, composed as the official code does.
 
     q: [B, h, N, d], k: [B, h, n, d], v: [B, h, n, dv] (dv even), power: [h, d] or [1, h, 1, d].
-    ``x+ = relu(x)^p``, ``x- = relu(-x)^p``; ``phi_s(q) = [q+, q-]``, ``phi_o(q) = [q-, q+]``,
+    ``x+, x- = polarity_features(x, p)``; ``phi_s(q) = [q+, q-]``, ``phi_o(q) = [q-, q+]``,
     ``phi(k) = [k+, k-]``; ``v1, v2 = chunk(v, 2, -1)``; ``z = mean_j phi(k_j)``,
     ``kv_a = (phi(k)/sqrt(n))^T (v_a/sqrt(n))``;
     ``out = [phi_s(q) kv_1 / (phi_s(q).z + eps) || phi_o(q) kv_2 / (phi_o(q).z + eps)]`` -> [B, h, N, dv].
@@ -96,8 +104,8 @@ def polarity_linear_attention_reference(q: torch.Tensor, k: torch.Tensor, v: tor
     dtype = compute_dtype(q.dtype)
     p = power.to(dtype).reshape(1, q.shape[1], 1, q.shape[-1])
     q, k, v_ = q.to(dtype), k.to(dtype), v.to(dtype)
-    q_pos, q_neg = torch.relu(q)**p, torch.relu(-q)**p
-    k_pos, k_neg = torch.relu(k)**p, torch.relu(-k)**p
+    q_pos, q_neg = polarity_features(q, p)
+    k_pos, k_neg = polarity_features(k, p)
     q_same = torch.cat([q_pos, q_neg], dim=-1)
     q_opp = torch.cat([q_neg, q_pos], dim=-1)
     k_feat = torch.cat([k_pos, k_neg], dim=-1)

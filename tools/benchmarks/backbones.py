@@ -71,7 +71,8 @@ def swin_tiny() -> nn.Module:
 # name -> factory of a randomly initialised backbone returning its multi-scale features.
 BACKBONES: Dict[str, Callable[[], nn.Module]] = {
     'LaplacianFormer-T': laplacianformer_tiny,
-    'LaplacianFormer-T paper-literal m': lambda: laplacianformer_tiny(max_landmark_grid=None),
+    'LaplacianFormer-T paper-literal m':
+        lambda: laplacianformer_tiny(attn_cfg=dict(max_landmark_grid=None)),
     'Pola-PVT-T': pola_pvt_tiny,
     'Pola-Swin-T': pola_swin_tiny,
     'PVT-T (mmdet)': pvt_tiny,
