@@ -110,6 +110,10 @@ class LaplacianFormer(StagedBackbone):
     }
     arch_defaults = dict(landmark_ratios=(8, 4, 2, 1), local_kernel_sizes=(9, 5, 3, 3))
     per_stage_keys = ('embed_dims', 'num_heads', 'depths', 'landmark_ratios', 'local_kernel_sizes')
+    # The graph returns views whose strides are FloorDiv expressions of H and W (the landmark grid):
+    # inductor orders such strides without a shape env and fails (`cannot determine truth value of
+    # Relational`) unless it keeps their exact strides.
+    dynamic_compile_options = {'strict_output_strides': True}
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
