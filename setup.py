@@ -8,8 +8,9 @@ would compile against a different one.
   when ``torch.cuda.is_available()`` or ``FORCE_CUDA=1`` (``TORCH_CUDA_ARCH_LIST`` is honoured).
 - Host compiler and nvcc use the C++ standard that the installed torch's headers require
   (:func:`cxx_standard`).
-- ``configs/`` and ``tools/`` ship as ``mmlinattn/.mim/{configs,tools}`` (the OpenMMLab layout that
-  ``mim`` reads): copied into wheels and non-editable installs, symlinked for an editable install.
+- ``configs/`` and the user's tools (``MIM_TOOLS``) ship as ``mmlinattn/.mim/{configs,tools}`` (the
+  OpenMMLab layout that ``mim`` reads): copied into wheels and non-editable installs, symlinked for an
+  editable install. The developers' and CI's scripts and the benchmark cases (``tools/dev/``) do not.
 - ``MMLINATTN_SKIP_EXT=1`` installs the Python package only (the set-up script uses it after
   restoring a cached build of the extension).
 """
@@ -23,7 +24,11 @@ from setuptools.command.build_py import build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join('ops', 'csrc')
-MIM_FOLDERS = ('configs', 'tools')  # shipped as mmlinattn/.mim/<folder>
+# What ships as mmlinattn/.mim/tools: the commands users run and the modules they import (configs/ ships
+# whole as .mim/configs; tools/dev/ stays in the repository). A new user tool is added here.
+MIM_TOOLS = ('train.py', 'test.py', 'dist_train.sh', 'dist_test.sh', 'get_flops.py', 'convert_checkpoint.py',
+             'export_onnx.py', 'visualize_attention.py', 'benchmark.py', '_common.py', '_toy_overlay.py',
+             'analysis')
 # torch 2.14.0 is the first release whose ATen/ATen.h and torch/all.h `#error` below C++20; up to
 # 2.13 they accept C++17 (checked in the headers of the 2.12.1, 2.13.0 and 2.14.0 wheels).
 CXX20_SINCE_TORCH = (2, 14)
@@ -45,9 +50,27 @@ def cxx_standard(torch_version: str) -> str:
     return 'c++20' if major_minor >= CXX20_SINCE_TORCH else 'c++17'
 
 
+def _remove(path):
+    if os.path.islink(path) or os.path.isfile(path):
+        os.remove(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path)
+
+
+def _place(src, dst, link):
+    """Put ``src`` (a file or folder) at ``dst``: a relative symlink, or a copy without bytecode."""
+    _remove(dst)
+    if link:
+        os.symlink(os.path.relpath(src, os.path.dirname(dst)), dst)
+    elif os.path.isdir(src):
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
+    else:
+        shutil.copy2(src, dst)
+
+
 class BuildPyWithMim(build_py):
-    """build_py that also lays out ``mmlinattn/.mim``: a copy of ``configs/`` and ``tools/`` in the
-    build tree (wheels, ``pip install .``), relative symlinks in the source tree for an editable
+    """build_py that also lays out ``mmlinattn/.mim``: a copy of ``configs/`` and of the ``MIM_TOOLS``
+    in the build tree (wheels, ``pip install .``), relative symlinks in the source tree for an editable
     install (PEP 660 runs build_py with ``editable_mode``; the package is imported from the source)."""
 
     def run(self):
@@ -59,19 +82,12 @@ class BuildPyWithMim(build_py):
 
     @staticmethod
     def _lay_out(mim_dir, link):
-        os.makedirs(mim_dir, exist_ok=True)
-        for name in MIM_FOLDERS:
-            src, dst = os.path.join(ROOT, name), os.path.join(mim_dir, name)
-            if not os.path.isdir(src):
-                continue
-            if os.path.islink(dst) or os.path.isfile(dst):
-                os.remove(dst)
-            elif os.path.isdir(dst):
-                shutil.rmtree(dst)
-            if link:
-                os.symlink(os.path.relpath(src, mim_dir), dst)
-            else:
-                shutil.copytree(src, dst, ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
+        tools_dir = os.path.join(mim_dir, 'tools')
+        _remove(tools_dir)  # a real folder of MIM_TOOLS entries, also for an editable install
+        os.makedirs(tools_dir)
+        _place(os.path.join(ROOT, 'configs'), os.path.join(mim_dir, 'configs'), link)
+        for name in MIM_TOOLS:
+            _place(os.path.join(ROOT, 'tools', name), os.path.join(tools_dir, name), link)
 
 
 def extension_modules():

@@ -1,15 +1,8 @@
 """Shared pytest set-up. ``tests/`` is deliberately not a package: mmsegmentation's wheel installs a
-top-level ``tests`` package, which an importable ``tests/__init__.py`` here would shadow. The tools'
-modules (``tools/toy_data``, ``tools/analysis``) are imported by the tests as the tools import them."""
-import os
-import sys
-
+top-level ``tests`` package, which an importable ``tests/__init__.py`` here would shadow. pytest.ini's
+``pythonpath`` puts the checkout and ``tools/`` on ``sys.path``, so the tests import the tools' modules
+as the tools do (``analysis``, ``_toy_overlay``) and the developers' ones as ``dev.*``."""
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for path in (ROOT, os.path.join(ROOT, 'tools')):  # the checkout's package; the tools' own modules
-    if path not in sys.path:
-        sys.path.insert(0, path)
 
 
 def needs_compiled_ops(item) -> bool:

@@ -43,7 +43,7 @@ def require_toy_data(*sets):
     """Generate the toy sets if absent (the test command does this before pytest)."""
     missing = [s for s in sets if not os.path.isdir(os.path.join(TOY_ROOT, s))]
     if missing:
-        run(['tools/make_toy_data.py', '--out', TOY_ROOT, '--what', *missing])
+        run(['tools/dev/make_toy_data.py', '--out', TOY_ROOT, '--what', *missing])
 
 
 def free_port() -> int:
@@ -77,7 +77,7 @@ def toy_config(config, out_path, side, iters, eval_images=None, batch_size=2, lr
     or the config's without its warm-up), seeded, logged every iteration, validated and saved at
     the end. ``edits`` are merged last (``Config.merge_from_dict`` keys)."""
     from mmengine.config import Config
-    from toy_data import use_toy_data
+    from _toy_overlay import use_toy_data
     cfg = Config.fromfile(os.path.join(ROOT, config))
     scope = cfg.default_scope
     require_toy_data(TOY_SET[scope])

@@ -9,7 +9,7 @@ import torch
 
 from e2e_utils import require_toy_data, run
 
-from benchmarks import learning, solver
+from dev.benchmarks import learning, solver
 
 
 def test_solver_measurements_on_synthetic_systems_of_known_condition():

@@ -3,8 +3,8 @@ and the table's ratio columns from synthetic measurements."""
 import pytest
 import torch
 
-from benchmarks import backbones
-from benchmarks.backbones import BackboneMeasurement, case_name
+from dev.benchmarks import backbones
+from dev.benchmarks.backbones import BackboneMeasurement, case_name
 
 
 def test_cases_per_compile_mode():
@@ -64,3 +64,20 @@ def test_backbone_table_without_compiled_cases_has_no_compile_columns():
                for phase in backbones.PHASES}
     section = backbones.summarise(results, 'cpu')
     assert not any('compiled' in column or 'dynamic' in column for column in section.columns)
+
+
+def test_amp_cases_run_under_autocast(monkeypatch):
+    """--amp wraps every case (and its warm-up) in torch.autocast(device, float16); the case names
+    stay the same."""
+    entered, autocast = [], torch.autocast
+
+    def recording(*args, **kwargs):
+        entered.append((args, kwargs))
+        return autocast(*args, **kwargs)
+
+    monkeypatch.setattr(backbones.torch, 'autocast', recording)
+    amp_cases = backbones.cases('cpu', amp=True)
+    assert [c.name for c in amp_cases] == [c.name for c in backbones.cases('cpu')]
+    case = next(c for c in amp_cases if c.name == case_name('Pola-PVT-T', '224^2', 'fwd'))
+    assert len(case.warm_up()()) == 4
+    assert entered[0] == (('cpu', ), {'dtype': torch.float16})

@@ -3,9 +3,9 @@ the CPU limit, the Newton–Schulz bound) and the step count that bound rests on
 import pytest
 import torch
 
-from benchmarks import ops_laplacian, ops_polarity
-from benchmarks.common import Measurement
-from mmlinattn.ops.reference import newton_schulz_inverse_reference
+from dev.benchmarks import ops_laplacian, ops_polarity
+from dev.benchmarks.common import Measurement
+from mmlinattn.ops.newton_schulz.reference import newton_schulz_inverse_reference
 
 # A CPU limit as measured_cpu_limit reports it (G element-ops/s, GFLOP/s).
 LIMIT = {'fwd': 50.0, 'bwd': 20.0, 'fwd+bwd': 3 / (1 / 50.0 + 2 / 20.0), 'fma GFLOP/s': 400.0,
@@ -100,3 +100,54 @@ def test_polarity_ops_table():
         assert row['speed-up fwd'] == row['speed-up fwd+bwd'] == pytest.approx(4.0 if fused else 1.0)
         assert row['peak / composition fwd'] == pytest.approx(0.25 if fused else 1.0)
         assert row['peak / composition fwd+bwd'] == pytest.approx(0.25 if fused else 1.0)
+
+
+def test_implementations_cases_cover_every_op_shape_and_available_kernel():
+    """Cases per op: the kernels that run on the device (decided from the device type: no GPU is
+    needed to list the CUDA cases) and the baselines, at the authors' M = 16..128 and stage 1."""
+    from benchmarks import ops_implementations as impls
+    from mmlinattn.ops import dispatch
+    names = {case.name for case in impls.cases('cuda')}
+    for op, shapes in impls.SHAPES.items():
+        expected = impls.implementations(op, 'cuda')
+        assert 'reference' in expected and set(impls.BASELINES[op]) <= set(expected)
+        assert ('triton' in expected) == (dispatch.unavailable('triton', op, 'cuda',
+                                                               torch.float32) is None)
+        for label in shapes:
+            for impl in expected:
+                assert impls.case_name(op, label, impl, 'fwd') in names
+                assert (impls.case_name(op, label, impl, 'fwd+bwd') in names) == (
+                    impl not in impls.FORWARD_ONLY)
+    assert all(f'M={m}' in ' '.join(impls.SHAPES[op]) for m in (16, 32, 64, 128)
+               for op in ('laplacian_kernel', 'newton_schulz_inverse'))
+    assert 'triton' in impls.implementations('laplacian_kernel', 'cuda')
+
+
+def test_implementations_table_and_default_decision():
+    """Synthetic times: ratios to the reference, and per op the decision line (the C++ kernel
+    faster than Triton: switch if the self-test passes it; slower or absent: keep / not decided)."""
+    from benchmarks import ops_implementations as impls
+    from dev.benchmarks.common import Measurement
+
+    def time_ms(op, impl):  # C++ faster for laplacian_kernel, Triton faster for the others
+        fast = 'compiled' if op == 'laplacian_kernel' else 'triton'
+        return {fast: 1.0, 'reference': 4.0}.get(impl, 2.0)
+
+    results = {}
+    for op, shapes in impls.SHAPES.items():
+        for label in shapes:
+            for impl in ('triton', 'compiled', 'reference', *impls.BASELINES[op]):
+                for phase in ('fwd', 'fwd+bwd'):
+                    if op == 'polarity_linear_attention' and impl == 'compiled':
+                        continue  # a kernel that did not run
+                    results[impls.case_name(op, label, impl, phase)] = Measurement(
+                        time_ms(op, impl), 1.0)
+    section = impls.summarise(results, 'cuda')
+    rows = {(r['op'], r['shape'], r['impl']): r for r in section.rows}
+    row = rows['laplacian_kernel', 'N=56^2, M=16', 'compiled']
+    assert row['reference / this fwd+bwd'] == pytest.approx(4.0)
+    decides = [note for note in section.notes if note.startswith('decides: ')]
+    assert len(decides) == 3
+    assert 'faster: compiled; default triton: switch to compiled if the self-test passes it' in decides[0]
+    assert 'triton 5.00 ms, compiled 10.00 ms; faster: triton; default triton: keep' in decides[1]
+    assert 'not decided here (compiled did not run on this device)' in decides[2]

@@ -21,7 +21,7 @@ import torch
 from mmengine.logging import HistoryBuffer, MessageHub, MMLogger
 from mmengine.runner.checkpoint import CheckpointLoader, load_checkpoint
 
-import convert_checkpoint  # tools/ (conftest puts it on sys.path)
+import convert_checkpoint  # tools/ (pytest.ini puts it on sys.path)
 from e2e_utils import ROOT, require_toy_data, run
 from mmlinattn.checkpoint import (MMENGINE_CHECKPOINT_GLOBALS, UnloadedObject,
                                   UnsafeCheckpointError, load_checkpoint_file,

@@ -6,8 +6,9 @@ dynamo without a graph break. Slow tier (CPU compiles take minutes): each backbo
 with inductor (fullgraph) forward and backward against eager at two sizes and for inference
 with dynamic shapes at three, each family exported with torch.export
 (dynamic H and W) at two sizes, and exported to ONNX by the dynamo exporter and checked in
-onnxruntime. CUDA (``cuda`` marker, run by tools/gpu_check.sh): the inductor
-compiles of each family on the GPU.
+onnxruntime. CUDA (``cuda`` marker, run by tools/dev/gpu_check.sh): the Triton operators in a
+fullgraph compile, and the inductor compiles of each family on the GPU with the default
+implementations (``auto``: the Triton kernels, dispatch.CUDA_DEFAULT) and with the C++ kernels.
 """
 import copy
 import os
@@ -84,6 +85,27 @@ def test_ops_compile_fullgraph_with_dynamic_shapes(compiled_ops):
         got = forward_backward(compiled_fn, inputs)
         expected = forward_backward(ops_chain, inputs)
         for name, a, b in zip(('out', 'dq', 'dlandmarks', 'dv', 'dpower'), got, expected):
+            assert relative_error(a, b) <= 1e-6, name
+
+    check_each_size(check, (50, 77))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('backend', ['aot_eager', 'inductor'])
+def test_triton_laplacian_kernel_compiles_fullgraph_cuda(monkeypatch, backend):
+    """The Triton operators (triton_op) under torch.compile(fullgraph=True, dynamic=True) on CUDA:
+    the output and both gradients equal eager's; a second size runs without recompiling."""
+    monkeypatch.setenv('MMLINATTN_OPS', 'triton')
+    torch._dynamo.reset()
+    compiled_fn = torch.compile(laplacian_kernel, fullgraph=True, dynamic=True, backend=backend)
+
+    def check(step, tokens):
+        gen = torch.Generator().manual_seed(step)
+        inputs = [(torch.randn(2, 2, n, 16, generator=gen) / 4).cuda().requires_grad_()
+                  for n in (tokens, 9)]
+        got = forward_backward(compiled_fn, inputs)
+        expected = forward_backward(laplacian_kernel, inputs)
+        for name, a, b in zip(('out', 'dq', 'dk'), got, expected):
             assert relative_error(a, b) <= 1e-6, name
 
     check_each_size(check, (50, 77))
@@ -166,8 +188,10 @@ def test_backbone_compile_matches_eager(compiled_ops, family):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize('mode', ['auto', 'compiled'])  # auto on CUDA: the Triton kernels
 @pytest.mark.parametrize('family', list(BACKBONES))
-def test_backbone_compile_matches_eager_cuda(compiled_ops, family):
+def test_backbone_compile_matches_eager_cuda(compiled_ops, monkeypatch, family, mode):
+    monkeypatch.setenv('MMLINATTN_OPS', mode)
     check_compile_matches_eager(family, 'cuda')
 
 
@@ -205,7 +229,8 @@ def test_backbone_dynamic_inference_compile(compiled_ops, family):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize('family', list(BACKBONES))
-def test_backbone_dynamic_inference_compile_cuda(compiled_ops, family):
+def test_backbone_dynamic_inference_compile_cuda(monkeypatch, family):
+    monkeypatch.setenv('MMLINATTN_OPS', 'auto')  # on CUDA: the Triton kernels (CUDA_DEFAULT)
     check_dynamic_inference_compile(family, 'cuda')
 
 

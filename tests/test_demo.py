@@ -1,4 +1,4 @@
-"""The main job (tools/run_demo.sh) end to end on the toy sets, its report tool, and the set-up's
+"""The main job (tools/dev/run_demo.sh) end to end on the toy sets, its report tool, and the set-up's
 build-progress reporter."""
 import glob
 import json
@@ -15,7 +15,7 @@ from PIL import Image
 
 from e2e_utils import ROOT
 
-BUILD_PROGRESS = osp.join(ROOT, 'tools', 'build_progress.sh')
+BUILD_PROGRESS = osp.join(ROOT, 'tools', 'dev', 'build_progress.sh')
 
 
 # ------------------------------------------------------------------------------- set-up progress
@@ -63,7 +63,7 @@ def test_build_progress_before_the_build_dir_exists(tmp_path):
 
 def test_schedule_of_the_coco_config_is_read_from_the_config():
     from mmengine.config import Config
-    from demo_report import describe_schedule
+    from dev.demo_report import describe_schedule
     cfg = Config.fromfile(osp.join(ROOT, 'configs', 'mask_rcnn_laplacian_tiny_1x_coco.py'))
     # 117266 = COCO train2017 images with annotations (what CocoDataset keeps)
     assert describe_schedule(cfg, 117266) == (
@@ -86,7 +86,7 @@ def demo_run(tmp_path_factory):
     work_dir = str(tmp_path_factory.mktemp('demo'))
     env = dict(os.environ, PY=sys.executable, WORK_DIR=work_dir, PYTHONUNBUFFERED='1',
                OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', '2'), **DEMO_OPTIONS)
-    proc = subprocess.run(['bash', osp.join(ROOT, 'tools', 'run_demo.sh')], cwd=ROOT, env=env,
+    proc = subprocess.run(['bash', osp.join(ROOT, 'tools', 'dev', 'run_demo.sh')], cwd=ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
     if proc.returncode != 0:
         pytest.fail(f'run_demo.sh exited with {proc.returncode}:\n{proc.stdout[-6000:]}')

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mmlinattn.ops import laplacian_kernel
-from mmlinattn.ops.reference import laplacian_kernel_reference
+from mmlinattn.ops.laplacian_kernel.reference import laplacian_kernel_reference
 
 SIZES = (1, 7, 49, 50, 333)  # 49, 50, 333: key counts that are not multiples of the vector width
 HEAD_DIMS = (1, 16, 17, 32, 33, 64, 65)
@@ -309,7 +309,7 @@ def check_odd_shapes():
             assert_close_scaled(dk, dk_ref, rtol, 'dk')
 
 
-# ---- CUDA (run by tools/gpu_check.sh; skipped without a GPU) ----
+# ---- CUDA (run by tools/dev/gpu_check.sh; skipped without a GPU) ----
 
 CUDA_DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.float16, 2e-3, 5e-3),
                (torch.bfloat16, 1e-2, 3e-2)]

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from mmlinattn.ops import newton_schulz_inverse
-from mmlinattn.ops.reference import (laplacian_kernel_reference, newton_schulz_inverse_reference,
-                                     newton_schulz_residual_reference)
+from mmlinattn.ops.laplacian_kernel.reference import laplacian_kernel_reference
+from mmlinattn.ops.newton_schulz.reference import (newton_schulz_inverse_reference,
+                                                   newton_schulz_residual_reference)
 
 EPS = 1e-2
 
@@ -354,7 +355,7 @@ def test_compiled_op_checks_its_own_arguments(compiled, a, iters, eps):
         compiled.newton_schulz_inverse_backward(a, a, iters, eps)
 
 
-# ---- CUDA (run by tools/gpu_check.sh; skipped without a GPU) ----
+# ---- CUDA (run by tools/dev/gpu_check.sh; skipped without a GPU) ----
 
 @pytest.mark.cuda
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float16, torch.bfloat16])

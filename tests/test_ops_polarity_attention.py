@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mmlinattn.ops import polarity_linear_attention
-from mmlinattn.ops.reference import polarity_linear_attention_reference
+from mmlinattn.ops.polarity_attention.reference import polarity_linear_attention_reference
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(TESTS_DIR)

@@ -1,7 +1,8 @@
-"""The package as a user installs it: the shipped configs are found by name, and a wheel built from the
-sdist, installed outside the checkout, carries the compiled ops and the configs, declares what
-``import mmlinattn`` imports, and serves a config of the user's own that inherits ours by path
-(mmengine 0.10 rejects ``_base_ = ['mmlinattn::...']``; README, "Using the backbones in your own config")."""
+"""The package as a user installs it: the shipped configs are found by name; the build ships the user's
+tools and not the developers' (``tools/dev``); and a wheel built from the sdist, installed outside the
+checkout, carries the compiled ops, the configs and the user's tools, declares what ``import mmlinattn``
+imports, and serves a config of the user's own that inherits ours by path (mmengine 0.10 rejects
+``_base_ = ['mmlinattn::...']``; README, "Using the backbones in your own config")."""
 import glob
 import os
 import re
@@ -42,6 +43,39 @@ def _run(args, cwd, env, timeout=1800):
     if proc.returncode != 0:
         pytest.fail(f'{" ".join(map(str, args))} exited with {proc.returncode}:\n{proc.stdout[-6000:]}')
     return proc.stdout
+
+
+USER_TOOLS = ('train.py', 'test.py', 'dist_train.sh', 'dist_test.sh', 'get_flops.py',
+              'convert_checkpoint.py', 'export_onnx.py', 'visualize_attention.py', 'benchmark.py')
+
+
+def check_ships_user_tools_only(mim):
+    """``mim/tools``: the user's commands and the modules they import, i.e. tools/ without tools/dev."""
+    tools = mim / 'tools'
+    shipped = sorted(p.name for p in tools.iterdir())
+    assert set(USER_TOOLS) <= set(shipped), shipped
+    tools_dir = os.path.join(ROOT, 'tools')
+    assert shipped == sorted(n for n in os.listdir(tools_dir) if n not in ('dev', '__pycache__'))
+    dev_names = {n for _, dirs, files in os.walk(os.path.join(tools_dir, 'dev')) for n in dirs + files
+                 if n not in ('__init__.py', '__pycache__')}
+    leaked = [str(p) for p in tools.rglob('*') if p.name in dev_names]
+    assert not leaked, leaked  # run_tests.sh, setup_env.sh, gpu_check.sh, benchmarks/, toy_data/, ...
+
+
+def test_build_ships_the_user_tools_and_not_the_developers(tmp_path):
+    """setup.py's build_py, as a wheel or ``pip install .`` runs it: ``.mim/tools`` holds the user's tools;
+    they run from there (train.py's options), and benchmark.py, whose cases stay in the checkout, says so."""
+    env = dict(os.environ, MMLINATTN_SKIP_EXT='1')
+    env.pop('PYTHONPATH', None)
+    _run([sys.executable, 'setup.py', '-q', 'build_py', '--build-lib', str(tmp_path)], cwd=ROOT, env=env)
+    mim = tmp_path / 'mmlinattn' / '.mim'
+    check_ships_user_tools_only(mim)
+    assert (mim / 'configs' / 'mask_rcnn_laplacian_tiny_1x_coco.py').is_file()
+    assert '--toy-data' in _run([sys.executable, mim / 'tools' / 'train.py', '--help'], cwd=tmp_path, env=env)
+    proc = subprocess.run([sys.executable, mim / 'tools' / 'benchmark.py', 'ops'], cwd=tmp_path, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode != 0 and 'runs from a checkout' in proc.stdout, proc.stdout[-2000:]
+    assert 'tools/dev/benchmarks/' in proc.stdout
 
 
 # Runs from the user's folder with only the installed wheel on PYTHONPATH (torch, mmcv, mmdet come
@@ -105,7 +139,8 @@ def test_wheel_installed_outside_checkout_serves_user_config(tmp_path):
     mim = site / 'mmlinattn' / '.mim'
     shipped = mim / 'configs' / 'mask_rcnn_laplacian_tiny_1x_coco.py'
     assert shipped.is_file() and not shipped.is_symlink() and not (mim / 'configs').is_symlink()
-    assert (mim / 'configs' / '_base_' / 'plugin.py').is_file() and (mim / 'tools' / 'train.py').is_file()
+    assert (mim / 'configs' / '_base_' / 'plugin.py').is_file()
+    check_ships_user_tools_only(mim)
 
     user.mkdir()
     user_env = dict(env, PYTHONPATH=str(site), MMLINATTN_OPS='compiled')

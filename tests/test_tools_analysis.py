@@ -18,7 +18,7 @@ from analysis import (attention_streams, laplacian_inputs, layer_statistics, neg
                       row_entropy, softmax_rows, token_index)
 from analysis.model_loading import build_backbone, load_config, load_image, normalisation
 from mmlinattn.models.layers import LaplacianAttention, PolarityAttention, resize_pos_embed
-from mmlinattn.ops.reference import l1_distance_exportable, laplacian_kernel_reference
+from mmlinattn.ops.laplacian_kernel.reference import l1_distance_exportable, laplacian_kernel_reference
 
 LAPLACIAN_CONFIG = 'configs/mask_rcnn_laplacian_tiny_1x_coco.py'
 POLA_CONFIG = 'configs/mask_rcnn_pola_pvt_tiny_1x_coco.py'
@@ -63,7 +63,7 @@ def test_laplacian_kernel_reference_uses_the_exportable_form_while_exporting(mon
     q, k = torch.randn(1, 2, 9, 4), torch.randn(1, 2, 3, 4)
     normal = laplacian_kernel_reference(q, k, 4.0)
     calls = []
-    import mmlinattn.ops.reference as reference
+    from mmlinattn.ops.laplacian_kernel import reference  # the package name is shadowed by the op
     original = reference.l1_distance_exportable
     monkeypatch.setattr(reference, 'l1_distance_exportable',
                         lambda a, b: calls.append(1) or original(a, b))
@@ -355,7 +355,7 @@ def test_export_restores_the_ops_mode(monkeypatch):
 
 
 def test_benchmark_plot_from_json(tmp_path):
-    from benchmarks.plot import input_size, num_tokens, plot_json, series
+    from dev.benchmarks.plot import input_size, num_tokens, plot_json, series
     rows = []
     for name, exponent in (('linear', 1.0), ('quadratic', 2.0)):
         for size in ('224^2', '512^2', '800x1333'):
@@ -401,7 +401,7 @@ def test_visualisation_loads_a_checkpoint(tmp_path):
 
 def test_benchmark_plot_option_draws_after_the_run(tmp_path):
     import argparse
-    from benchmarks.plot import with_plot_option
+    from dev.benchmarks.plot import with_plot_option
     calls = []
 
     def add_arguments(parser):

@@ -10,13 +10,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from toy_data.scenes import (ADE_TOY_RAW_LABELS, COCO_TOY_CLASSES, COCO_TOY_HUES,
-                             IMAGENET_TOY_CLASSES, IMAGENET_TOY_NUM_CLASSES, IMAGENET_TOY_WNIDS,
-                             make_all, make_toy_ade, make_toy_coco, make_toy_imagenet,
-                             mask_to_polygons, read_stamp, render_coco_scene, toy_image_rng)
+from dev.toy_data import make_all, read_stamp
+from dev.toy_data.ade import ADE_TOY_RAW_LABELS, make_toy_ade
+from dev.toy_data.coco import (COCO_TOY_CLASSES, COCO_TOY_HUES, make_toy_coco, mask_to_polygons,
+                               render_coco_scene)
+from dev.toy_data.common import toy_image_rng
+from dev.toy_data.imagenet import (IMAGENET_TOY_CLASSES, IMAGENET_TOY_NUM_CLASSES, IMAGENET_TOY_WNIDS,
+                                   make_toy_imagenet)
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-CLI = osp.join(ROOT, 'tools', 'make_toy_data.py')
+CLI = osp.join(ROOT, 'tools', 'dev', 'make_toy_data.py')
 SEED = 3
 COCO_COUNTS = (12, 6)
 ADE_COUNTS = (4, 3)

@@ -22,7 +22,7 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
                         help='override config settings, e.g. train_cfg.max_iters=10 '
                         'train_dataloader.batch_size=1 (list keys allowed: pipeline.2.scale="(512,512)")')
     parser.add_argument('--toy-data', action='store_true',
-                        help='use the bundled synthetic data set (tools/make_toy_data.py, data/toy) '
+                        help='use the bundled synthetic data set (tools/dev/make_toy_data.py, data/toy) '
                         'instead of the real one')
     parser.add_argument('--unsafe-trust-checkpoint', action='store_true',
                         help='fully unpickle the checkpoint this command loads (train: --resume / '
@@ -46,7 +46,7 @@ def load_config(args) -> Config:
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
     if args.toy_data:
-        from toy_data import use_toy_data
+        from _toy_overlay import use_toy_data
         use_toy_data(cfg, CONFIGS_DIR)
     cfg.launcher = args.launcher
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
@@ -121,9 +121,9 @@ def check_data_roots(cfg: Config, splits) -> None:
         if not osp.isdir(root):
             raise SystemExit(
                 f'error: the data root {root!r} of {where} does not exist (working directory '
-                f'{os.getcwd()}). Put the data set there in its standard layout (see README.md, '
-                '"Real data"), override it with --cfg-options, or run on the bundled synthetic '
-                'set with --toy-data (after `python tools/make_toy_data.py`).')
+                f'{os.getcwd()}). Put the data set there in its standard layout (see '
+                'docs/tools.md, "Data"), override it with --cfg-options, or run on the bundled synthetic '
+                'set with --toy-data (after `python tools/dev/make_toy_data.py`).')
 
 
 def trusted_checkpoint(args, cfg: Config):

@@ -1,32 +1,36 @@
-"""Benchmarks: ``python tools/benchmark.py ops [--device cpu|cuda] [--repeats N] [--out F.json]``.
+"""Benchmarks: ``python tools/benchmark.py ops|backbone|solver|learning|plot ... [--out F.json]``.
 
-Subcommands:
-- ``ops``: every op benchmark listed in ``OP_BENCHMARKS`` (modules under ``tools/benchmarks/``;
-  the contract is in ``tools/benchmarks/common.py``): time, peak memory, ratios against the plain
-  PyTorch formulation. Prints a table per module and writes JSON with ``--out``.
+The entry point only; the cases live in ``tools/dev/benchmarks/``, which runs from a checkout (the
+installed package ships this script, not the cases). Results: ``docs/benchmarks.md``.
 
-A backbone benchmark (throughput, latency and peak memory against resolution) plugs in as one more
-entry of ``SUBCOMMANDS``: ``name: (add_arguments(parser), main(args) -> exit code)``.
-``backbone --plot F.png`` also draws latency and peak memory against the number of tokens
-(``benchmarks/plot.py``); ``plot RESULTS.json --out F.png`` redraws it from a saved run.
+Subcommands (one entry of ``SUBCOMMANDS`` each: ``name: (add_arguments(parser), main(args) -> exit code)``):
+- ``ops``: every op benchmark listed in ``OP_BENCHMARKS`` (the module contract is in
+  ``tools/dev/benchmarks/common.py``): time, peak memory, ratios against the plain PyTorch
+  formulation. Prints a table per module and writes JSON with ``--out``.
+- ``backbone``: latency and peak memory against resolution, eager and compiled; ``--plot F.png``
+  draws them against the number of tokens, ``plot RESULTS.json --out F.png`` redraws a saved run.
+- ``solver``: the landmark-system solvers (Newton-Schulz, conjugate gradients, Cholesky).
+- ``learning``: toy-set training curves of model variants, side by side.
 """
 import argparse
-import os
 import sys
 
-TOOLS_DIR = os.path.dirname(os.path.abspath(__file__))
-for path in (os.path.dirname(TOOLS_DIR), TOOLS_DIR):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+import torch
 
-import torch  # noqa: E402
-
-from benchmarks import backbones, learning, plot, solver  # noqa: E402
-from benchmarks.common import environment, publish, run_module  # noqa: E402
+try:  # tools/dev/benchmarks: in a checkout, beside this script's folder (which Python puts on sys.path)
+    from dev.benchmarks import backbones, learning, plot, solver
+    from dev.benchmarks.common import environment, publish, run_module
+except ModuleNotFoundError as err:
+    if err.name not in ('dev', 'dev.benchmarks'):
+        raise
+    raise SystemExit('tools/benchmark.py runs from a checkout of mmlinattn: its cases live in '
+                     'tools/dev/benchmarks/, which the installed package does not ship. Run '
+                     '`python tools/benchmark.py ...` in the repository.') from err
 
 OP_BENCHMARKS = [
-    'benchmarks.ops_laplacian',
-    'benchmarks.ops_polarity',
+    'dev.benchmarks.ops_laplacian',
+    'dev.benchmarks.ops_polarity',
+    'dev.benchmarks.ops_implementations',
 ]
 
 

@@ -18,19 +18,15 @@ without running code from it (its config and argparse objects stay inert records
     python tools/convert_checkpoint.py pola_swin_b_384.pth pola_swin_b_384_in1k.pth --arch pola_swin_base --keep-head
 """
 import argparse
-import os.path as osp
 import pickle
 import sys
 from collections import OrderedDict
 
 import torch
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # the repository, if not installed
-from mmlinattn.checkpoint import load_checkpoint_file  # noqa: E402
-from mmlinattn.models.backbones.base import (check_shapes, format_keys, strip_prefix,  # noqa: E402
-                                             unwrap_state_dict)
-from mmlinattn.models.backbones.polaformer_converter import (ARCHS, convert_official,  # noqa: E402
-                                                             official_model_settings)
+from mmlinattn.checkpoint import load_checkpoint_file
+from mmlinattn.models.backbones.base import check_shapes, format_keys, strip_prefix, unwrap_state_dict
+from mmlinattn.models.backbones.polaformer_converter import ARCHS, convert_official, official_model_settings
 
 
 def parse_args(argv=None):

@@ -14,14 +14,14 @@
 - The custom ops run in their pure-PyTorch reference form while exporting and checking
   (``MMLINATTN_OPS=reference`` for the duration), so the graph holds standard ONNX operators
   only: the Laplacian kernel's ``cdist(p=1)``, which has no ONNX translation, is exported as
-  :func:`mmlinattn.ops.reference.l1_distance_exportable` (one subtraction per channel), the
-  Newton–Schulz iteration unrolled, LaplacianFormer's ``max_landmark_grid`` pooling as
+  ``l1_distance_exportable`` (``mmlinattn/ops/laplacian_kernel/reference.py``: one subtraction
+  per channel), the Newton–Schulz iteration unrolled, LaplacianFormer's ``max_landmark_grid`` pooling as
   size-following matrix products (``capped_avg_pool2d_exportable``).
 - Exporter (``--exporter``): ``torchscript`` (the default: the legacy tracer,
   ``torch.onnx.export(..., dynamo=False)``, opset 17) or ``dynamo`` (``dynamo=True``: the model
   is captured with torch.export, opset 18 unless ``--opset``), both with dynamic batch, height and
-  width. The TorchScript path stays the default because it is the one whose graphs the README's
-  ONNX table checks, and the one torch versions without a usable dynamo exporter (or without
+  width. The TorchScript path is the default because its graphs are the ones checked in
+  docs/compile_export.md, and it is the one torch versions without a usable dynamo exporter (or without
   onnxscript) have. The dynamo exporter records the size-dependent branches as guards: an export
   whose traced size lies on a boundary of one fails with the guard's message instead of writing
   a graph that is wrong elsewhere.
@@ -48,13 +48,7 @@ import numpy as np
 import torch
 from torch import nn
 
-TOOLS_DIR = osp.dirname(osp.abspath(__file__))
-REPO_ROOT = osp.dirname(TOOLS_DIR)
-for path in (REPO_ROOT, TOOLS_DIR):  # the repository, if mmlinattn is not installed; the tools' modules
-    if path not in sys.path:
-        sys.path.insert(0, path)
-
-from analysis.model_loading import build_backbone, build_classifier, load_config  # noqa: E402
+from analysis.model_loading import build_backbone, build_classifier, load_config
 
 OPSET = {'dynamo': 18, 'torchscript': 17}
 

@@ -27,7 +27,6 @@ segmentors and classifiers likewise; the data preprocessor (normalisation) is no
 import argparse
 import importlib
 import os.path as osp
-import sys
 from collections import Counter
 from math import prod
 from typing import Any, Callable, Dict, List, Sequence, Tuple
@@ -182,5 +181,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == '__main__':
-    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
     main()

@@ -8,10 +8,8 @@
 import argparse
 import json
 import os.path as osp
-import sys
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from _common import (add_common_args, build_runner, check_data_roots, checkpoint_loading,  # noqa: E402
+from _common import (add_common_args, build_runner, check_data_roots, checkpoint_loading,
                      close_distributed, load_config)
 
 

@@ -10,7 +10,7 @@ default the last one) of every stage with a linear attention:
   height) and head, the weights the layer gives every key, over the image. LaplacianFormer: the
   Nyström attention row ``A_i = C_i W C^T / (C_i W C^T 1)``; PolaFormer: the same-sign and the
   opposite-sign rows, each normalised as the attention normalises it (formulas in
-  ``mmlinattn/analysis/attention_stats.py``). Colours run from each panel's smallest to its largest
+  ``tools/analysis/attention_stats.py``). Colours run from each panel's smallest to its largest
   weight; ``peak x n`` is the largest weight times the number of keys (1 = uniform).
 - ``entropy.png``: per stage and head, how far the mean row entropy H (nats) lies below the uniform
   row's ``ln n`` (n keys), for each stream and for softmax attention over the same q and k (log
@@ -26,8 +26,9 @@ default the last one) of every stage with a linear attention:
 
 Without CHECKPOINT the backbone keeps its random initialisation (seeded by ``--seed``).
 Entropies and distances use at most ``--max-queries`` queries spread evenly over the tokens. The
-default image is the first of the toy COCO validation set (written by ``tools/make_toy_data.py``
-if absent). Pola-Swin's window-attention stages (3 and 4) are softmax attention and are not drawn.
+default image is the first of the toy COCO validation set (written by ``tools/dev/make_toy_data.py``
+if absent, in a checkout). Pola-Swin's window-attention stages (3 and 4) are softmax attention and
+are not drawn.
 """
 import argparse
 import json
@@ -46,17 +47,13 @@ from matplotlib.ticker import NullFormatter  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-TOOLS_DIR = osp.dirname(osp.abspath(__file__))
-REPO_ROOT = osp.dirname(TOOLS_DIR)
-for path in (REPO_ROOT, TOOLS_DIR):  # the repository, if mmlinattn is not installed; the tools' modules
-    if path not in sys.path:
-        sys.path.insert(0, path)
-
 from analysis import (AttentionRecord, LayerStatistics, attention_streams,  # noqa: E402
                       layer_statistics, one_block_per_stage, record_attentions, token_index)
 from analysis.model_loading import build_backbone, load_config, load_image, normalisation  # noqa: E402
 
+REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TOY_VAL_DIR = osp.join(REPO_ROOT, 'data', 'toy', 'coco', 'val2017')
+MAKE_TOY_DATA = osp.join(REPO_ROOT, 'tools', 'dev', 'make_toy_data.py')
 DEFAULT_POINTS = ((0.5, 0.5), (0.25, 0.3), (0.75, 0.75))
 STREAM_LABELS = {
     'laplacian': 'Nyström Laplacian',
@@ -72,12 +69,12 @@ ENTROPY_FLOOR = 1e-6
 def default_image() -> str:
     """The first image of the toy COCO validation set, generated if absent."""
     if not osp.isdir(TOY_VAL_DIR) or not os.listdir(TOY_VAL_DIR):
-        subprocess.run([
-            sys.executable,
-            osp.join(REPO_ROOT, 'tools', 'make_toy_data.py'), '--out',
-            osp.join(REPO_ROOT, 'data', 'toy'), '--what', 'coco'
-        ],
-                       check=True)
+        if not osp.isfile(MAKE_TOY_DATA):
+            raise SystemExit(f'error: no --img given and no toy image in {TOY_VAL_DIR}; the toy data '
+                             'generator (tools/dev/make_toy_data.py) is in the repository, not in the '
+                             'installed package: pass --img IMG')
+        subprocess.run([sys.executable, MAKE_TOY_DATA, '--out', osp.join(REPO_ROOT, 'data', 'toy'),
+                        '--what', 'coco'], check=True)
     return osp.join(TOY_VAL_DIR, sorted(os.listdir(TOY_VAL_DIR))[0])
 
 

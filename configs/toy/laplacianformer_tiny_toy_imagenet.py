@@ -1,4 +1,4 @@
-# The demo's pretraining (tools/run_demo.sh): LaplacianFormer-Tiny as an ImageNet classifier on the
+# The demo's pretraining (tools/dev/run_demo.sh): LaplacianFormer-Tiny as an ImageNet classifier on the
 # toy ImageNet-layout set (run with --toy-data; 10 classes, 300 training images). The classifier
 # config's model, optimiser and evaluator with a CPU-sized recipe: a 10-class head (the set's labels
 # are ImageNet-1k classes 0-9), 64 px inputs, batch 32, AdamW lr 5e-4 with a 20-iteration warm-up

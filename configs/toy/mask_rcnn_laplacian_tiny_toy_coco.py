@@ -1,4 +1,4 @@
-# The demo's fine-tuning (tools/run_demo.sh): configs/mask_rcnn_laplacian_tiny_1x_coco.py on the toy
+# The demo's fine-tuning (tools/dev/run_demo.sh): configs/mask_rcnn_laplacian_tiny_1x_coco.py on the toy
 # COCO-format set (run with --toy-data: 256 px, heads for its 3 hue-coded shape classes), its backbone initialised
 # from the toy classifier of laplacianformer_tiny_toy_imagenet.py
 # (`--cfg-options model.backbone.init_cfg.checkpoint=...`). The model is the 1x config's; only the

@@ -1,11 +1,12 @@
-"""Fused ops: compiled CUDA / CPU kernels and pure-PyTorch references (see dispatch.py and
-``docs/ops/``)."""
+"""Fused ops, one package per op with its implementations side by side (``<op>/__init__.py`` the
+public function, ``reference.py``, ``compiled.py`` for the C++ CPU / CUDA kernels, ``triton.py``);
+``dispatch.py`` chooses among them. See ``docs/ops/``."""
 from .dispatch import FallbackWarning, extension_status
 from .finite_check import check_finite_input, set_finite_checks
 from .laplacian_kernel import laplacian_kernel
 from .newton_schulz import newton_schulz_inverse
 from .polarity_attention import polarity_linear_attention
-from .reference import polarity_features
+from .polarity_attention.reference import polarity_features
 from .validation import compute_dtype
 
 __all__ = ['FallbackWarning', 'check_finite_input', 'compute_dtype', 'extension_status',

@@ -1,43 +1,61 @@
-"""Which implementation of an op runs: a compiled kernel of ``mmlinattn._ext`` or the reference.
+"""Which implementation of an op runs: the pure-PyTorch reference, the C++ extension's kernel
+(``compiled``) or the Triton kernel (``triton``).
 
-The extension registers its kernels with the PyTorch dispatcher as ``torch.ops.mmlinattn.<name>``
-(CPU and, when built with CUDA, CUDA); ``library.py`` adds their fake (meta) kernels and autograd
-formulas, so ``torch.compile``, ``torch.export`` and ``torch.library.opcheck`` see them as ordinary
-operators. Every op also has a pure-PyTorch reference (``reference.py``).
+- ``compiled``: the extension ``mmlinattn._ext`` registers its kernels (CPU and, when built with
+  CUDA, CUDA) as ``torch.ops.mmlinattn.<name>``; each op's ``compiled.py`` adds their fake kernels
+  and autograd (loaded when this module is imported).
+- ``triton``: an op's ``triton.py`` defines ``torch.ops.mmlinattn.<op>_triton_*`` with
+  ``torch.library.triton_op`` (:data:`TRITON_KERNELS`). It is imported on the first call that
+  could run it, so ``import mmlinattn`` never imports triton. Triton kernels run on CUDA tensors,
+  and on CPU tensors through triton's interpreter when ``TRITON_INTERPRET=1`` was set before
+  triton was imported (how the tests run them).
+- ``reference``: every op's pure-PyTorch formula (``<op>/reference.py``).
 
-:func:`choose` decides per call, from the device type and dtype only (no tensor values):
+:func:`choose` decides per call, from ``MMLINATTN_OPS``, the device type and the dtype only (no
+tensor values):
 
-- ``MMLINATTN_OPS=reference`` forces the reference; ``MMLINATTN_OPS=compiled`` makes a missing
-  kernel an error; the default, ``auto``, falls back to the reference and says why, once per
-  process and reason, with a :class:`FallbackWarning` (the extension is not built, has no kernel
-  for the device, or the kernel has no variant for the dtype).
-- A kernel runs in a dtype it declares (:data:`KERNEL_DTYPES`); another input dtype runs in its
-  compute dtype (fp32) when the kernel has that, and the result is cast back.
+- ``reference`` forces the reference; ``compiled`` / ``triton`` force that implementation and
+  raise ``RuntimeError`` saying why where it cannot run;
+- ``auto`` (the default) runs, on CUDA, :data:`CUDA_DEFAULT`'s implementation, then the other
+  kernel, then the reference; on any other device the C++ kernel, then the reference. Each
+  fallback is said once per process and reason with a :class:`FallbackWarning`.
+- A kernel runs in a dtype it declares (:data:`KERNEL_DTYPES`, :data:`TRITON_KERNELS`); another
+  input dtype runs in its compute dtype (fp32) when the kernel has that, and the result is cast
+  back.
 
 Under ``torch.compile`` / ``torch.export`` the decision is taken once while tracing (it is a
 constant of the graph): changing ``MMLINATTN_OPS`` afterwards does not affect a compiled graph.
 """
+import contextlib
+import functools
 import importlib
 import os
 import warnings
+from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
 
-from .torch_compat import missing_library_api
+from .torch_compat import missing_library_api, missing_triton_api
 from .validation import compute_dtype
 
-MODES = ('auto', 'reference', 'compiled')
-# op -> device type -> the dtypes its compiled kernel takes.
+MODES = ('auto', 'reference', 'compiled', 'triton')
+_HALF_AND_FP32 = (torch.float32, torch.float16, torch.bfloat16)
+
+# op -> the package (``mmlinattn.ops.<package>``) with its implementations, side by side.
+PACKAGES = {
+    'laplacian_kernel': 'laplacian_kernel',
+    'newton_schulz_inverse': 'newton_schulz',
+    'polarity_linear_attention': 'polarity_attention',
+}
+# op -> device type -> the dtypes its compiled (C++) kernel takes.
 KERNEL_DTYPES: Dict[str, Dict[str, Tuple[torch.dtype, ...]]] = {
-    'laplacian_kernel': {'cpu': (torch.float32, torch.float64),
-                         'cuda': (torch.float32, torch.float16, torch.bfloat16)},
+    'laplacian_kernel': {'cpu': (torch.float32, torch.float64), 'cuda': _HALF_AND_FP32},
     'newton_schulz_inverse': {'cpu': (torch.float32, torch.float64),
                               'cuda': (torch.float32, torch.float64)},
-    'polarity_linear_attention': {'cpu': (torch.float32, torch.float64),
-                                  'cuda': (torch.float32, torch.float16, torch.bfloat16)},
+    'polarity_linear_attention': {'cpu': (torch.float32, torch.float64), 'cuda': _HALF_AND_FP32},
 }
-# op -> the registered forward operator whose per-device kernels are looked up.
+# op -> the C++ extension's forward operator, whose per-device kernels are looked up.
 FORWARD_OPERATORS = {
     'laplacian_kernel': 'laplacian_kernel_forward',
     'newton_schulz_inverse': 'newton_schulz_inverse',
@@ -45,8 +63,44 @@ FORWARD_OPERATORS = {
 }
 
 
+@dataclass(frozen=True)
+class TritonKernel:
+    """An op's Triton implementation: the module that defines its operators and the forward
+    operator's name in ``torch.ops.mmlinattn``, and the input dtypes it takes."""
+    module: str
+    forward: str
+    dtypes: Tuple[torch.dtype, ...]
+    max_size: Optional[int] = None  # the largest matrix size the kernel takes (one tile a matrix)
+
+
+TRITON_KERNELS: Dict[str, TritonKernel] = {
+    'laplacian_kernel': TritonKernel('mmlinattn.ops.laplacian_kernel.triton',
+                                     'laplacian_kernel_triton_forward', _HALF_AND_FP32),
+    # fp32 only: half inputs reach it cast to the compute dtype; one program holds a matrix.
+    'newton_schulz_inverse': TritonKernel('mmlinattn.ops.newton_schulz.triton',
+                                          'newton_schulz_inverse_triton', (torch.float32, ),
+                                          max_size=128),
+    'polarity_linear_attention': TritonKernel('mmlinattn.ops.polarity_attention.triton',
+                                              'polarity_linear_attention_triton_forward',
+                                              _HALF_AND_FP32),
+}
+
+# The implementation ``auto`` runs on CUDA, per op. The default is the one this project verifies
+# in CI (the Triton kernels, through the interpreter). The C++ CUDA kernels become an op's
+# default only once a GPU run of tools/dev/gpu_check.sh shows them correct and faster; the measured
+# winner becomes the default per op (gpu_check.sh prints the comparison that decides it).
+CUDA_DEFAULT = {
+    'laplacian_kernel': 'triton',
+    'newton_schulz_inverse': 'triton',
+    'polarity_linear_attention': 'triton',
+}
+
+IMPLEMENTATION_NAMES = {'compiled': 'compiled kernel', 'triton': 'Triton kernel',
+                        'reference': 'pure-PyTorch reference (slower, more memory)'}
+
+
 class FallbackWarning(UserWarning):
-    """An op runs its pure-PyTorch reference instead of a compiled kernel (said once per reason)."""
+    """An op runs another implementation than ``auto``'s first choice (said once per reason)."""
 
 
 def _load_extension() -> Optional[str]:
@@ -59,16 +113,19 @@ def _load_extension() -> Optional[str]:
     except ImportError as err:  # not built, or built against another torch
         return (f'the extension mmlinattn._ext is not built ({err}); build it with '
                 '`pip install -e . --no-build-isolation`')
-    from . import library
-    missing = library.missing_operators()
+    from .registration import missing_operators
+    modules = [importlib.import_module(f'{__package__}.{package}.compiled')
+               for package in PACKAGES.values()]
+    missing = missing_operators([name for module in modules
+                                 for name in (module.FORWARD, module.BACKWARD)])
     if missing:
         return (f'the extension mmlinattn._ext was built from other sources (it lacks the operators '
                 f'{", ".join(missing)}); rebuild it with `pip install -e . --no-build-isolation`')
-    library.register()
+    for module in modules:
+        module.register()
     return None
 
 
-_EXTENSION_ERROR = _load_extension()
 _warned = set()
 
 
@@ -91,28 +148,81 @@ def has_kernel(op: str, device_type: str) -> bool:
         f'mmlinattn::{FORWARD_OPERATORS[op]}', key))
 
 
+@functools.lru_cache(maxsize=None)
+def _triton_load_error(op: str) -> Optional[str]:
+    """Import ``op``'s Triton kernels (once); why they cannot run anywhere, or None."""
+    if op not in TRITON_KERNELS:
+        return f'{op} has no Triton kernel'
+    try:
+        importlib.import_module('triton')
+    except ImportError:
+        return 'triton is not installed (it comes with the CUDA wheels of torch on Linux)'
+    missing_api = missing_triton_api()
+    if missing_api:
+        return missing_api
+    try:
+        importlib.import_module(TRITON_KERNELS[op].module)
+    except Exception as err:  # a triton that does not match torch, or a kernel it rejects
+        return f'the Triton kernels of {op} failed to load ({type(err).__name__}: {err})'
+    return None
+
+
+def triton_interpreted(op: str) -> bool:
+    """Whether ``op``'s loaded Triton kernels run through triton's interpreter (CPU tensors)."""
+    return _triton_load_error(op) is None and importlib.import_module(
+        TRITON_KERNELS[op].module).INTERPRETED
+
+
+def triton_status() -> str:
+    """One line for logs: whether the Triton kernels load, and where they run."""
+    loaded = [op for op in TRITON_KERNELS if _triton_load_error(op) is None]
+    if not loaded:
+        return 'not available: ' + '; '.join(
+            sorted({_triton_load_error(op) for op in TRITON_KERNELS}))
+    where = 'interpreter, CPU tensors' if triton_interpreted(loaded[0]) else 'CUDA'
+    return f'{", ".join(loaded)} ({where})'
+
+
 def extension_status() -> str:
-    """One line for logs: which compiled backends are present, or why none is."""
+    """One line for logs: which compiled backends are present, or why none is, and Triton's."""
     if not extension_loaded():
-        return f'not loaded: {_EXTENSION_ERROR}; the pure-PyTorch reference ops run'
-    backends = ['CPU'] + (['CUDA'] if has_kernel('laplacian_kernel', 'cuda') else [])
-    return 'compiled (' + ', '.join(backends) + ')'
+        compiled = f'not loaded: {_EXTENSION_ERROR}; the pure-PyTorch reference ops run'
+    else:
+        backends = ['CPU'] + (['CUDA'] if has_kernel('laplacian_kernel', 'cuda') else [])
+        compiled = 'compiled (' + ', '.join(backends) + ')'
+    return f'{compiled}; triton: {triton_status()}'
 
 
-def kernel_dtype(op: str, device_type: str, dtype: torch.dtype) -> Optional[torch.dtype]:
-    """The dtype ``op``'s kernel runs in for ``dtype`` inputs: ``dtype`` itself when the kernel
-    takes it, else its compute dtype if the kernel takes that, else None."""
-    supported = KERNEL_DTYPES[op].get(device_type, ())
+def run_dtype(op: str, implementation: str, device_type: str,
+              dtype: torch.dtype) -> Optional[torch.dtype]:
+    """The dtype ``op``'s ``implementation`` ('compiled' / 'triton') runs in for ``dtype``
+    inputs: ``dtype`` itself when it takes it, else its compute dtype if it takes that, else
+    None."""
+    if implementation == 'triton':
+        supported = TRITON_KERNELS[op].dtypes if op in TRITON_KERNELS else ()
+    else:
+        supported = KERNEL_DTYPES[op].get(device_type, ())
     if dtype in supported:
         return dtype
     return compute_dtype(dtype) if compute_dtype(dtype) in supported else None
+
+
+def kernel_dtype(op: str, device_type: str, dtype: torch.dtype) -> Optional[torch.dtype]:
+    """:func:`run_dtype` of the compiled kernel."""
+    return run_dtype(op, 'compiled', device_type, dtype)
+
+
+def forward_operator(op: str, implementation: str):
+    """``torch.ops.mmlinattn.<forward>`` of ``op``'s 'compiled' or 'triton' implementation."""
+    name = (TRITON_KERNELS[op].forward if implementation == 'triton' else FORWARD_OPERATORS[op])
+    return getattr(torch.ops.mmlinattn, name)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace('torch.', '')
 
 
-def _fallback_reason(op: str, device_type: str, dtype: torch.dtype) -> Optional[str]:
+def _compiled_reason(op: str, device_type: str, dtype: torch.dtype) -> Optional[str]:
     if not extension_loaded():
         return _EXTENSION_ERROR
     if device_type not in KERNEL_DTYPES[op]:
@@ -126,23 +236,104 @@ def _fallback_reason(op: str, device_type: str, dtype: torch.dtype) -> Optional[
     return None
 
 
+def _triton_reason(op: str, device_type: str, dtype: torch.dtype) -> Optional[str]:
+    error = _triton_load_error(op)
+    if error:
+        return error
+    if device_type == 'cpu' and not triton_interpreted(op):
+        return (f'the Triton kernel of {op} runs on CPU tensors only through triton\'s '
+                'interpreter (set TRITON_INTERPRET=1 before triton is imported)')
+    if device_type not in ('cpu', 'cuda'):
+        return f'{op} has no Triton kernel for device {device_type!r}'
+    if run_dtype(op, 'triton', device_type, dtype) is None:
+        names = ', '.join(_dtype_name(d) for d in TRITON_KERNELS[op].dtypes)
+        return f'the Triton kernel of {op} takes {names}, not {_dtype_name(dtype)}'
+    return None
+
+
+_REASONS = {'compiled': _compiled_reason, 'triton': _triton_reason}
+
+
+def unavailable(implementation: str, op: str, device_type: str,
+                dtype: torch.dtype) -> Optional[str]:
+    """Why ``op``'s ``implementation`` ('reference', 'compiled', 'triton') cannot run on inputs
+    of ``dtype`` on ``device_type``, or None (the reference always runs)."""
+    return None if implementation == 'reference' else _REASONS[implementation](op, device_type,
+                                                                                dtype)
+
+
+@contextlib.contextmanager
+def forced(mode: str):
+    """``MMLINATTN_OPS=mode`` for the duration (eager use: a compiled graph keeps its choice)."""
+    saved = os.environ.get('MMLINATTN_OPS')
+    os.environ['MMLINATTN_OPS'] = mode
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ['MMLINATTN_OPS']
+        else:
+            os.environ['MMLINATTN_OPS'] = saved
+
+
+def auto_order(op: str, device_type: str) -> Tuple[str, ...]:
+    """The implementations ``auto`` tries, in order (the reference always runs)."""
+    if device_type == 'cuda':
+        first = CUDA_DEFAULT[op]
+        return (first, 'compiled' if first == 'triton' else 'triton', 'reference')
+    return ('compiled', 'reference')
+
+
 @torch.compiler.assume_constant_result
 def choose(op: str, device_type: str, dtype: torch.dtype) -> str:
-    """``'compiled'`` or ``'reference'`` for ``op`` on inputs of ``dtype`` on ``device_type``.
+    """``'compiled'``, ``'triton'`` or ``'reference'`` for ``op`` on inputs of ``dtype`` on
+    ``device_type``.
 
-    Decided from the mode, the extension and the kernels' declarations only, so the result is a
+    Decided from the mode, the installed kernels and their declarations only, so the result is a
     constant of a compiled graph. A fallback in ``auto`` mode warns once per reason.
     """
     mode = ops_mode()
     if mode == 'reference':
         return 'reference'
-    reason = _fallback_reason(op, device_type, dtype)
-    if reason is None:
-        return 'compiled'
-    if mode == 'compiled':
-        raise RuntimeError(f'MMLINATTN_OPS=compiled but {reason}')
+    if mode != 'auto':
+        reason = _REASONS[mode](op, device_type, dtype)
+        if reason:
+            raise RuntimeError(f'MMLINATTN_OPS={mode} but {reason}')
+        return mode
+    reasons = []
+    for implementation in auto_order(op, device_type):
+        reason = unavailable(implementation, op, device_type, dtype)
+        if reason is None:
+            break
+        reasons.append(reason)
+    message = '; '.join(reasons)
+    if reasons and message not in _warned:
+        _warned.add(message)
+        warnings.warn(f'mmlinattn: {message}; {op} runs its {IMPLEMENTATION_NAMES[implementation]}'
+                      '. Said once per process.', FallbackWarning, stacklevel=4)
+    return implementation
+
+
+def choose_for_size(op: str, device_type: str, dtype: torch.dtype, size: int) -> str:
+    """:func:`choose`, then the next implementation of ``auto``'s order where the Triton kernel's
+    :attr:`TritonKernel.max_size` is below ``size`` (a shape, so no tensor value is read); in
+    ``triton`` mode that is an error."""
+    implementation = choose(op, device_type, dtype)
+    limit = TRITON_KERNELS[op].max_size if op in TRITON_KERNELS else None
+    if implementation != 'triton' or limit is None or size <= limit:
+        return implementation
+    reason = f'the Triton kernel of {op} takes sizes up to {limit}, got {size}'
+    if ops_mode() == 'triton':
+        raise RuntimeError(f'MMLINATTN_OPS=triton but {reason}')
+    for fallback in auto_order(op, device_type):
+        if fallback != 'triton' and unavailable(fallback, op, device_type, dtype) is None:
+            break
     if reason not in _warned:
         _warned.add(reason)
-        warnings.warn(f'mmlinattn: {reason}; {op} runs its pure-PyTorch reference (slower, more '
-                      'memory). Said once per process.', FallbackWarning, stacklevel=4)
-    return 'reference'
+        warnings.warn(f'mmlinattn: {reason}; it runs its {IMPLEMENTATION_NAMES[fallback]}. Said '
+                      'once per process.', FallbackWarning, stacklevel=3)
+    return fallback
+
+
+# Last: loading registers every op's compiled.py, whose package imports the names above.
+_EXTENSION_ERROR = _load_extension()

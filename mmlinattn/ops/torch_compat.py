@@ -6,6 +6,8 @@
 - ``torch.is_autocast_enabled(device_type)`` takes a device from torch 2.4 on; before, the CPU
   has its own query.
 - ``torch.compiler.is_exporting`` (torch >= 2.3): before it, nothing reports a torch.export trace.
+- ``torch.library.triton_op`` / ``wrap_triton`` (torch >= 2.6) define the Triton operators;
+  without them the Triton kernels are not used and ``dispatch.py`` says why.
 """
 import torch
 from torch.torch_version import TorchVersion
@@ -19,6 +21,14 @@ def missing_library_api() -> str:
         return ''
     return (f'torch {torch.__version__} lacks torch.library.register_fake / register_autograd '
             '(torch >= 2.4), which the compiled operators need')
+
+
+def missing_triton_api() -> str:
+    """Why the Triton operators cannot be defined with this torch, or '' when they can."""
+    if hasattr(torch.library, 'triton_op') and hasattr(torch.library, 'wrap_triton'):
+        return ''
+    return (f'torch {torch.__version__} lacks torch.library.triton_op / wrap_triton '
+            '(torch >= 2.6), which the Triton operators need')
 
 
 def autocast_enabled(device_type: str) -> bool:

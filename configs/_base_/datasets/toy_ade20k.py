@@ -1,4 +1,4 @@
-# The bundled synthetic ADE20K-layout semantic set (tools/make_toy_data.py -> data/toy/ade), used by the
+# The bundled synthetic ADE20K-layout semantic set (tools/dev/make_toy_data.py -> data/toy/ade), used by the
 # demo and the tests when data/ade/ADEChallengeData2016 is absent. Labels follow ADE20K's raw
 # convention (0 = ignore, k = class k-1), so the config's own pipeline and 150-class heads apply.
 data_root = 'data/toy/ade/ADEChallengeData2016'

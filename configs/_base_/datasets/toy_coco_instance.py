@@ -1,6 +1,6 @@
-# The bundled synthetic COCO-format instance set (tools/make_toy_data.py -> data/toy/coco), used by the
+# The bundled synthetic COCO-format instance set (tools/dev/make_toy_data.py -> data/toy/coco), used by the
 # demo and the tests when data/coco is absent. `tools/train.py --toy-data` and `tools/test.py
-# --toy-data` put these fields into the config's datasets and evaluators (tools/toy_data/overlay.py).
+# --toy-data` put these fields into the config's datasets and evaluators (tools/_toy_overlay.py).
 # The toy images are 256-320 px, so they are trained and tested at 256 px instead of 1333x800.
 data_root = 'data/toy/coco/'
 metainfo = dict(classes=('circle', 'rectangle', 'triangle'))

@@ -4,11 +4,8 @@
 def pad_to_multiple(size: int, multiple: int) -> int:
     """The padding ``ceil(size / multiple) * multiple - size`` (0 for multiples).
 
-    Written with floor division of non-negative numbers: with symbolic sizes ``(-size) % multiple``
-    becomes a ``PythonMod`` that inductor (torch 2.14) cannot bound when it lowers the pad (so
-    ``torch.compile(dynamic=True)`` of Pola-PVT failed), ``size % 2`` nests a ``Mod`` in every later
-    size (Pola-Swin's patch merging: inductor's C++ backend then spent minutes in sympy on its
-    strides), and ``-(-size // multiple)`` is a division of a negative number, which the dynamo ONNX
-    export rounds toward zero instead of down.
+    Floor division of non-negative numbers only: with symbolic sizes a ``%`` becomes a ``Mod`` that
+    inductor cannot bound or simplify cheaply, and the dynamo ONNX export rounds a negative
+    division toward zero.
     """
     return (size + multiple - 1) // multiple * multiple - size

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Set up (or reuse) the project's virtual environment at .venv/ and install mmlinattn into it.
+#
+# Idempotent: each step is skipped when its result is already there. The mmcv wheel (a ~15 min build
+# on 2 cores) and the compiled extension are cached outside the repo under $MMLINATTN_CACHE
+# (default ~/.cache/mmlinattn) and reused by later runs and fresh clones.
+#
+# Usage: bash tools/dev/setup_env.sh            (then: source .venv/bin/activate)
+# Env:   MMLINATTN_CACHE  cache folder; FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="8.0;9.0" to compile CUDA code
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+CACHE="${MMLINATTN_CACHE:-$HOME/.cache/mmlinattn}"
+VENV="$ROOT/.venv"
+LOGS="$CACHE/logs"
+PY_BOOT="${PYTHON:-python3.11}"
+mkdir -p "$CACHE/wheels" "$LOGS"
+
+TORCH_VERSION=2.14.1
+TORCHVISION_VERSION=0.29.1
+MMCV_VERSION=2.1.0
+SETUPTOOLS_SPEC='setuptools>=77,<82'
+
+step() { printf '\n[setup] %s\n' "$*"; }
+
+# run NAME CMD...: run a step with its output in a log; on failure say which step and where the log is.
+run() {
+  local name="$1"; shift
+  local log="$LOGS/${name}.log"
+  local rc=0
+  "$@" >"$log" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "[setup] FAILED: step '$name' (exit code $rc). Log: $log" >&2
+    tail -n 30 "$log" >&2
+    exit 1
+  fi
+}
+
+if ! command -v "$PY_BOOT" >/dev/null 2>&1; then
+  echo "[setup] FAILED: $PY_BOOT not found; Python 3.11 is required (mmengine/mmcv break on 3.12+)." >&2
+  exit 1
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  step "creating virtual environment at .venv/ ($($PY_BOOT --version))"
+  run venv "$PY_BOOT" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip --disable-pip-version-check)
+
+have() { "$PY" - "$@" <<'PYEOF' >/dev/null 2>&1
+import sys
+from importlib.metadata import version
+for spec in sys.argv[1:]:
+    name, want = spec.split('==')
+    assert version(name) == want, (name, version(name), want)
+PYEOF
+}
+
+if ! have "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"; then
+  step "installing build tools, torch $TORCH_VERSION and torchvision $TORCHVISION_VERSION"
+  run pip-tools "${PIP[@]}" install -U "pip<26" "$SETUPTOOLS_SPEC" wheel ninja
+  run torch "${PIP[@]}" install "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
+fi
+
+if ! have "mmengine==0.10.7"; then
+  step "installing mmengine and build/runtime dependencies"
+  run mmengine "${PIP[@]}" install "$SETUPTOOLS_SPEC" "mmengine==0.10.7" "numpy<2" "opencv-python<4.11" \
+    pycocotools ftfy regex pytest matplotlib scipy terminaltables
+fi
+
+if ! have "mmcv==$MMCV_VERSION"; then
+  PYTAG="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
+  MMCV_DEVICE="$("$PY" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')"
+  WHEEL_DIR="$CACHE/wheels/mmcv-$MMCV_VERSION-torch$TORCH_VERSION-$PYTAG-$MMCV_DEVICE"
+  if ! ls "$WHEEL_DIR"/mmcv-*.whl >/dev/null 2>&1; then
+    step "building mmcv $MMCV_VERSION with ops from its sdist (about 15 min on 2 cores; cached in $WHEEL_DIR)"
+    SRC="$CACHE/src"
+    rm -rf "$SRC" && mkdir -p "$SRC"
+    run mmcv-download "${PIP[@]}" download --no-deps --no-binary :all: --no-build-isolation -d "$SRC" "mmcv==$MMCV_VERSION"
+    tar -xzf "$SRC"/mmcv-*.tar.gz -C "$SRC"
+    MMCV_SRC="$(ls -d "$SRC"/mmcv-$MMCV_VERSION)"
+    # torch 2.14 headers require C++20; mmcv 2.1.0 hard-codes c++14/c++17 for both gcc and nvcc.
+    sed -i -E 's/-std=c\+\+1[47]/-std=c++20/g' "$MMCV_SRC/setup.py"
+    grep -q 'c++20' "$MMCV_SRC/setup.py" || { echo "[setup] FAILED: C++20 patch did not apply to mmcv setup.py" >&2; exit 1; }
+    mkdir -p "$WHEEL_DIR.tmp"
+    # FORCE_CUDA is for our extension; mmcv builds its CUDA ops only where a GPU is visible.
+    # pip builds in the source tree: one line a minute with the objects compiled so far / total.
+    bash "$ROOT/tools/dev/build_progress.sh" "$MMCV_SRC/build" $$ 60 "mmcv build" &
+    PROGRESS_PID=$!
+    run mmcv-build env -u FORCE_CUDA MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-2}" \
+      "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$WHEEL_DIR.tmp" "$MMCV_SRC"
+    kill "$PROGRESS_PID" 2>/dev/null || true
+    rm -rf "$WHEEL_DIR" && mv "$WHEEL_DIR.tmp" "$WHEEL_DIR"
+    rm -rf "$SRC"
+  else
+    step "reusing cached mmcv wheel from $WHEEL_DIR"
+  fi
+  run mmcv-install "${PIP[@]}" install "$WHEEL_DIR"/mmcv-*.whl
+fi
+
+if ! have "mmdet==3.3.0" "mmsegmentation==1.2.2" "mmpretrain==1.2.0"; then
+  step "installing mmdet 3.3.0, mmsegmentation 1.2.2, mmpretrain 1.2.0"
+  run openmmlab "${PIP[@]}" install "$SETUPTOOLS_SPEC" "numpy<2" "opencv-python<4.11" \
+    "mmdet==3.3.0" "mmsegmentation==1.2.2" "mmpretrain==1.2.0" onnx onnxruntime onnxscript
+fi
+
+# The extension is cached by a hash of its sources, setup.py, the torch version and the CUDA settings,
+# so a fresh clone with unchanged ops reuses the build (CUDA code takes minutes to compile).
+WITH_CUDA=0
+if [ "${FORCE_CUDA:-0}" = "1" ] || "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  WITH_CUDA=1
+  export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+  NV_INCLUDE="$("$PY" -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cu13", "include"))' 2>/dev/null || true)"
+  [ -d "$NV_INCLUDE" ] && export CPATH="$NV_INCLUDE${CPATH:+:$CPATH}"
+fi
+EXT_KEY="$( (cd "$ROOT" && find ops/csrc -type f | LC_ALL=C sort | xargs sha256sum; sha256sum setup.py;
+             echo "torch=$TORCH_VERSION cuda=$WITH_CUDA arch=${TORCH_CUDA_ARCH_LIST:-}") | sha256sum | cut -c1-16)"
+EXT_CACHE="$CACHE/ext/$EXT_KEY"
+rm -f "$ROOT"/mmlinattn/_ext*.so
+if ls "$EXT_CACHE"/_ext*.so >/dev/null 2>&1; then
+  step "reusing the cached build of mmlinattn._ext ($EXT_KEY, CUDA kernels: $WITH_CUDA)"
+else
+  step "compiling mmlinattn._ext (CUDA kernels: $WITH_CUDA${TORCH_CUDA_ARCH_LIST:+, archs $TORCH_CUDA_ARCH_LIST})"
+  (cd "$ROOT" && MAX_JOBS="${MAX_JOBS:-2}" run extension "$PY" setup.py build_ext --inplace)
+  mkdir -p "$EXT_CACHE.tmp" && cp "$ROOT"/mmlinattn/_ext*.so "$EXT_CACHE.tmp"/
+  rm -rf "$EXT_CACHE" && mv "$EXT_CACHE.tmp" "$EXT_CACHE"
+fi
+cp "$EXT_CACHE"/_ext*.so "$ROOT"/mmlinattn/
+
+if ! "$PY" -m pip show -f mmlinattn 2>/dev/null | grep -q "$ROOT"; then
+  step "installing mmlinattn (editable)"
+  MMLINATTN_SKIP_EXT=1 run mmlinattn "${PIP[@]}" install --no-build-isolation --no-deps -e "$ROOT"
+fi
+
+run import-check "$PY" -c "import mmcv.ops, mmdet, mmseg, mmpretrain, mmlinattn"
+step "ready: $("$PY" -c 'import torch, mmcv, mmdet, mmseg, mmpretrain, mmlinattn; print(f"torch {torch.__version__}, mmcv {mmcv.__version__}, mmdet {mmdet.__version__}, mmseg {mmseg.__version__}, mmpretrain {mmpretrain.__version__}, mmlinattn {mmlinattn.__version__} (extension: {mmlinattn.ops.extension_status()})")')"
