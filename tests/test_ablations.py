@@ -53,7 +53,7 @@ def nystrom_by_hand(attn: LaplacianAttention, x, hw_shape, query_scale, kernel):
     if attn.landmark_ratio > 1:
         landmarks = attn.landmarks(q, hw_shape)
         eye = torch.eye(landmarks.shape[-2], dtype=x.dtype)
-        inverse = torch.linalg.inv(kernel(landmarks, landmarks) + attn.ns_eps * eye)
+        inverse = torch.linalg.inv(kernel(landmarks, landmarks) + attn.landmark_shift * eye)
         cross = kernel(q, landmarks)
         weights = cross @ inverse @ cross.transpose(-2, -1)
     else:
@@ -167,7 +167,8 @@ def test_converged_column_stays_finite():
                          ids=['gaussian', 'exact', 'cg', 'lam16'])
 def test_laplacianformer_options_build_from_the_registry_and_train(kwargs):
     torch.manual_seed(0)
-    model = MODELS.build(dict(type='mmlinattn.LaplacianFormer', arch=LAPLACIAN_NARROW, **kwargs))
+    model = MODELS.build(dict(type='mmlinattn.LaplacianFormer', arch=LAPLACIAN_NARROW,
+                              attn_cfg=kwargs))
     model.init_weights()
     reference = LaplacianFormer(arch=LAPLACIAN_NARROW)
     reference.load_state_dict(model.state_dict())
@@ -199,7 +200,28 @@ def test_bad_laplacian_options_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LaplacianAttention(32, 2, 4, **kwargs)
     with pytest.raises(ValueError, match=message):
-        LaplacianFormer(arch=LAPLACIAN_NARROW, **kwargs)
+        LaplacianFormer(arch=LAPLACIAN_NARROW, attn_cfg=kwargs)
+
+
+@pytest.mark.parametrize('backbone_type,name,key', [
+    (LaplacianFormer, 'lam', 'lam'), (LaplacianFormer, 'ns_eps', 'landmark_shift'),
+    (LaplacianFormer, 'max_landmark_grid', 'max_landmark_grid'), (PolaPVT, 'polarity', 'polarity'),
+    (PolaSwin, 'fixed_power', 'fixed_power')])
+def test_attention_settings_given_to_the_backbone_name_their_attn_cfg_key(backbone_type, name, key):
+    with pytest.raises(TypeError, match=rf'pass it as attn_cfg=dict\({key}=\.\.\.\)'):
+        MODELS.build(dict(type=f'mmlinattn.{backbone_type.__name__}', **{name: 1.0}))
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['depth'\]"):
+        backbone_type(depth=3)
+
+
+@pytest.mark.parametrize('backbone_type,attn_cfg,message', [
+    (LaplacianFormer, dict(ns_eps=0.1), "use 'landmark_shift' for 'ns_eps'"),
+    (LaplacianFormer, dict(local_kernel_size=3), r"attn_cfg keys \['local_kernel_size'\]"),
+    (PolaPVT, dict(lam=4.0), 'not settings of PolarityAttention'),
+])
+def test_attn_cfg_keys_must_be_settings_of_the_attention(backbone_type, attn_cfg, message):
+    with pytest.raises(ValueError, match=message):
+        backbone_type(attn_cfg=attn_cfg)
 
 
 # ------------------------------------------------------------------ PolarityAttention options
@@ -290,7 +312,7 @@ def test_polarity_same_changes_the_output_and_no_pos_grid_drops_the_encoding():
 def test_pola_backbone_options_build_from_the_registry_and_train(backbone_type, kwargs):
     torch.manual_seed(0)
     model = MODELS.build(dict(type=f'mmlinattn.{backbone_type.__name__}',
-                              arch=POLA_NARROW[backbone_type], **kwargs))
+                              arch=POLA_NARROW[backbone_type], attn_cfg=kwargs))
     model.init_weights()
     layers = [m for m in model.modules() if isinstance(m, PolarityAttention)]
     assert layers and all(layer.polarity == kwargs.get('polarity', 'both') for layer in layers)
@@ -318,7 +340,7 @@ def test_fixed_power_backbone_names_the_official_power_keys_when_loading(tmp_pat
     official = PolaPVT(arch=POLA_NARROW[PolaPVT])
     path = str(tmp_path / 'official_power.pth')
     torch.save({'state_dict': official.state_dict()}, path)
-    fixed = PolaPVT(arch=POLA_NARROW[PolaPVT], power='fixed',
+    fixed = PolaPVT(arch=POLA_NARROW[PolaPVT], attn_cfg=dict(power='fixed'),
                     init_cfg=dict(type='Pretrained', checkpoint=path))
     with pytest.raises(ValueError, match=r'unexpected keys: block1\.0\.attn\.power'):
         fixed.init_weights()
@@ -336,7 +358,7 @@ def test_bad_polarity_options_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         PolarityAttention(16, 2, (4, 4), **kwargs)
     with pytest.raises(ValueError, match=message):
-        PolaPVT(arch=POLA_NARROW[PolaPVT], **kwargs)
+        PolaPVT(arch=POLA_NARROW[PolaPVT], attn_cfg=kwargs)
 
 
 # ------------------------------------------------------------------ analysis rows follow the options
@@ -353,7 +375,7 @@ def test_attention_rows_are_what_the_ablated_layers_apply(backbone_type, kwargs)
     reads the kernel, the solver, the streams and the power from the layer."""
     arch = LAPLACIAN_NARROW if backbone_type is LaplacianFormer else POLA_NARROW[backbone_type]
     torch.manual_seed(0)
-    backbone = backbone_type(arch=arch, **kwargs)
+    backbone = backbone_type(arch=arch, attn_cfg=kwargs)
     backbone.init_weights()
     backbone.double().eval()
     records = record_attentions(backbone, torch.randn(1, 3, 72, 88, dtype=torch.float64))

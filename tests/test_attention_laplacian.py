@@ -14,6 +14,14 @@ def exact_attention(q, v, lam=4.0):
     return kernel @ v / kernel.sum(-1, keepdim=True)
 
 
+def layer_attention(q, landmarks, v, lam=4.0, **settings):
+    """The layer's own attention (:meth:`LaplacianAttention.attend`) on given q, landmarks q~ (None:
+    exact) and v, with the Laplacian kernel of bandwidth ``lam`` and the Newton–Schulz solve."""
+    layer = LaplacianAttention(2 * q.shape[-1], 2, landmark_ratio=1 if landmarks is None else 2,
+                               lam=lam, **settings)
+    return layer.attend(q, landmarks, v)
+
+
 def relative_error(a, b):
     return ((a - b).norm() / b.norm()).item()
 
@@ -29,9 +37,9 @@ def make_qv(seed, batch=2, heads=2, tokens=64, head_dims=8, value_dims=8, dtype=
 def test_nystrom_with_every_token_a_landmark_is_exact(lam):
     q, v = make_qv(0)
     expected = exact_attention(q, v, lam)
-    nystrom = lap.nystrom_laplacian_attention(q, q, v, lam=lam, ns_iters=60, ns_eps=0.0)
+    nystrom = layer_attention(q, q, v, lam=lam, ns_iters=60, landmark_shift=0.0)
     assert torch.allclose(nystrom, expected, atol=1e-6, rtol=0)
-    assert torch.allclose(lap.exact_laplacian_attention(q, v, lam=lam), expected, atol=1e-6, rtol=0)
+    assert torch.allclose(layer_attention(q, None, v, lam=lam), expected, atol=1e-6, rtol=0)
 
 
 def test_landmark_ratio_one_module_is_exact_attention():
@@ -49,7 +57,8 @@ def test_approximation_error_falls_as_landmarks_grow():
     expected = exact_attention(q, v)
     order = torch.randperm(256, generator=torch.Generator().manual_seed(1))
     errors = [
-        relative_error(lap.nystrom_laplacian_attention(q, q[:, :, order[:m]], v, ns_iters=40, ns_eps=0.0),
+        relative_error(layer_attention(q, q[:, :, order[:m]], v, ns_iters=40,
+                                       landmark_shift=0.0),
                        expected) for m in (4, 16, 64, 128, 256)
     ]
     assert all(later < earlier for earlier, later in zip(errors, errors[1:])), errors
@@ -64,20 +73,34 @@ def test_distinct_queries_give_distinct_attention_rows(path):
     q[..., 16:, :] = q[..., :16, :] + 1e-3 * torch.randn_like(q[..., :16, :])
     identity = torch.eye(32, dtype=q.dtype).expand(1, 1, 32, 32)  # v = I turns the output into A
     if path == 'exact':
-        rows = lap.exact_laplacian_attention(q, identity)
+        rows = layer_attention(q, None, identity)
     else:
-        rows = lap.nystrom_laplacian_attention(q, q, identity, ns_iters=40, ns_eps=0.0)
+        rows = layer_attention(q, q, identity, ns_iters=40, landmark_shift=0.0)
     assert torch.allclose(rows.sum(-1), torch.ones(1, 1, 32, dtype=q.dtype), atol=1e-8)
     distances = torch.cdist(rows[0, 0], rows[0, 0])
     off_diagonal = distances + torch.eye(32, dtype=q.dtype) * distances.max()
     assert off_diagonal.min() > 1e-5
 
 
+@pytest.mark.parametrize('ratio', [4, 1], ids=['nystrom', 'exact'])
+def test_attention_rows_are_the_weights_the_layer_applies(ratio):
+    torch.manual_seed(0)
+    attn = LaplacianAttention(32, 2, landmark_ratio=ratio, local_kernel_size=3).double()
+    x = torch.randn(2, 9 * 11, 32, dtype=torch.float64)
+    q, landmarks, v = attn.attention_inputs(x, (9, 11))
+    rows = attn.attention_rows(q, landmarks)
+    assert rows.shape == (2, 2, 99, 99)
+    torch.testing.assert_close(rows @ v, attn.attend(q, landmarks, v), rtol=1e-10, atol=1e-12)
+    index = torch.tensor([0, 50, 98])
+    torch.testing.assert_close(attn.attention_rows(q, landmarks, index), rows[..., index, :],
+                               rtol=1e-12, atol=1e-14)
+
+
 def test_duplicated_landmarks_give_finite_outputs_and_grads():
     q, v = make_qv(3, dtype=torch.float32)
     q.requires_grad_(True)
     landmarks = q[:, :, :1].detach().expand(-1, -1, 16, -1).clone().requires_grad_(True)  # rank-1 Gram
-    out = lap.nystrom_laplacian_attention(q, landmarks, v)
+    out = layer_attention(q, landmarks, v)
     out.square().sum().backward()
     assert torch.isfinite(out).all()
     assert torch.isfinite(q.grad).all() and torch.isfinite(landmarks.grad).all()
@@ -109,7 +132,7 @@ def test_module_shapes_for_sizes_not_divisible_by_the_landmark_ratio(hw_shape, r
 def test_max_landmark_grid_caps_the_landmarks_and_changes_nothing_below_the_cap():
     torch.manual_seed(0)
     capped = LaplacianAttention(64, 2, landmark_ratio=4, local_kernel_size=5, max_landmark_grid=(3, 4))
-    plain = LaplacianAttention(64, 2, landmark_ratio=4, local_kernel_size=5)
+    plain = LaplacianAttention(64, 2, landmark_ratio=4, local_kernel_size=5, max_landmark_grid=None)
     plain.load_state_dict(capped.state_dict())
     q = torch.randn(1, 2, 40 * 30, 32)
     assert plain.landmarks(q, (40, 30)).shape == (1, 2, 10 * 8, 32)

@@ -40,7 +40,7 @@ def test_output_shapes_and_strides(tiny_eval, batch, size):
 def test_large_inputs_forward_only(size):
     # Paper-literal landmarks grow with the input (m = H*W / 32^2 per head at every Nystrom stage:
     # 1050 at 800x1333), and each Newton-Schulz step costs 2 m^3; 2 steps keep this shape test fast.
-    model = tiny(drop_path_rate=0.0, ns_iters=2, max_landmark_grid=None).eval()
+    model = tiny(drop_path_rate=0.0, attn_cfg=dict(ns_iters=2, max_landmark_grid=None)).eval()
     with torch.no_grad():
         outs = model(torch.randn(1, 3, *size))
     assert [tuple(o.shape) for o in outs] == expected_shapes(1, *size)
@@ -52,7 +52,7 @@ def test_default_landmark_cap_keeps_the_224_model_and_large_inputs_cheap(tiny_ev
     landmarks (None) at 224^2, at most 49 landmarks per head above it."""
     assert all(block.attn.max_landmark_grid == (7, 7) for stage in tiny_eval.stages
                for block in stage.blocks)
-    uncapped = tiny(drop_path_rate=0.0, max_landmark_grid=None).eval()
+    uncapped = tiny(drop_path_rate=0.0, attn_cfg=dict(max_landmark_grid=None)).eval()
     x = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
         for out, ref in zip(tiny_eval(x), uncapped(x)):
@@ -170,6 +170,29 @@ def test_pretrained_loads_a_classifier_checkpoint_into_a_dense_backbone(tmp_path
     assert unexpected == []
     for key, value in classifier.state_dict().items():
         assert torch.equal(dense.state_dict()[key], value), key
+
+
+def _with_ffn_keys(state_dict):
+    """The layout of checkpoints that name the blocks' MLP ``ffn`` (``stages.i.blocks.j.ffn.*``)."""
+    return {key.replace('.mlp.', '.ffn.'): value for key, value in state_dict.items()}
+
+
+def test_checkpoints_with_ffn_keys_load_strictly_and_through_load_state_dict(tmp_path):
+    source = tiny()
+    legacy = _with_ffn_keys(source.state_dict())
+    assert sum('.ffn.fc1.weight' in key for key in legacy) == sum(source.depths)
+    path = tmp_path / 'ffn_keys.pth'
+    torch.save({'state_dict': {f'backbone.{k}': v for k, v in legacy.items()}}, path)
+    torch.manual_seed(1)
+    pretrained = LaplacianFormer(arch='tiny', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    pretrained.init_weights()  # strict: an unmapped ffn key would be unexpected, mlp missing
+    torch.manual_seed(2)
+    detector = torch.nn.ModuleDict({'backbone': LaplacianFormer(arch='tiny')})  # as a runner loads
+    result = detector.load_state_dict({f'backbone.{k}': v for k, v in legacy.items()}, strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    for model in (pretrained, detector['backbone']):
+        for name, tensor in source.state_dict().items():
+            assert torch.equal(model.state_dict()[name], tensor), name
 
 
 def test_builds_from_downstream_registries():

@@ -18,7 +18,6 @@ import sys
 import pytest
 import torch
 
-from dev.benchmarks.backbones import DYNAMIC_OPTIONS
 from mmlinattn.models.backbones import LaplacianFormer, PolaPVT, PolaSwin
 from mmlinattn.ops import laplacian_kernel, newton_schulz_inverse, polarity_linear_attention
 
@@ -29,7 +28,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKBONES = {
     'LaplacianFormer': (lambda: LaplacianFormer(
         arch=dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4], depths=[1, 1, 1, 1]),
-        drop_path_rate=0.0, max_landmark_grid=7), [(96, 128), (128, 160)]),
+        drop_path_rate=0.0), [(96, 128), (128, 160)]),
     'PolaPVT': (lambda: PolaPVT(arch=dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4],
                                           depths=[1, 1, 1, 1]), drop_path_rate=0.0),
                 [(96, 128), (128, 160)]),
@@ -198,14 +197,15 @@ def test_backbone_compile_matches_eager_cuda(compiled_ops, monkeypatch, family, 
 
 def check_dynamic_inference_compile(family, device):
     """torch.compile(fullgraph=True, dynamic=True), inductor, inference, with the family's
-    inductor options (DYNAMIC_OPTIONS, whose comment says why each is needed): one graph serves
+    inductor options (its ``dynamic_compile_options``, whose comment says why): one graph serves
     three input sizes (``fail_on_recompile`` after the first) and gives the eager outputs (1e-5
     relative)."""
     factory, sizes = BACKBONES[family]
     torch.manual_seed(0)
     model = factory().to(device).eval()
     torch._dynamo.reset()
-    compiled_model = torch.compile(model, fullgraph=True, dynamic=True, options=DYNAMIC_OPTIONS[family])
+    compiled_model = torch.compile(model, fullgraph=True, dynamic=True,
+                                   options=model.dynamic_compile_options)
     # A third size in the same regime of the branches, with no side of 224: 224 / 4 = 56 is the
     # pos-embed grid, whose no-resize branch adds the guard not (H/4 == 56 and W/4 == 56); on an AOT
     # autograd cache hit torch 2.14.1 re-evaluates it as W/4 != 56 and recompiles at 160x224.

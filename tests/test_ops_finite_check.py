@@ -12,7 +12,7 @@ from mmlinattn.ops.torch_compat import missing_library_api
 SMALL = {
     'LaplacianFormer': lambda: LaplacianFormer(
         arch=dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4], depths=[1, 1, 1, 1]),
-        drop_path_rate=0.0, max_landmark_grid=7),
+        drop_path_rate=0.0),
     'PolaPVT': lambda: PolaPVT(arch=dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4],
                                          depths=[1, 1, 1, 1]), drop_path_rate=0.0),
     'PolaSwin': lambda: PolaSwin(arch=dict(embed_dims=32, depths=[1, 1, 1, 1],

@@ -78,8 +78,9 @@ def test_output_shape_at_any_size_and_training_step():
 
 
 def test_options_reach_every_block_and_frozen_stage_freezes_all():
-    backbone = PolaDeiT(arch=dict(embed_dims=32, depth=2, num_heads=2), polarity='same', power='fixed',
-                        block_pos_encoding=True, frozen_stages=1)
+    backbone = PolaDeiT(arch=dict(embed_dims=32, depth=2, num_heads=2),
+                        attn_cfg=dict(polarity='same', power='fixed'), block_pos_encoding=True,
+                        frozen_stages=1)
     layers = [block.attn for block in backbone.blocks]
     assert all(a.polarity == 'same' and a.power_mode == 'fixed' for a in layers)
     assert all(a.positional_encoding.shape == (1, 196, 32) for a in layers)

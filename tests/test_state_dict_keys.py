@@ -28,14 +28,16 @@ def _config_id(path):
 
 def backbone_layout(path):
     """(sha256 of the sorted ``key shape dtype`` lines, number of keys) of the config's backbone,
-    built with ``torch.manual_seed(0)`` and no Pretrained weights."""
+    built with ``torch.manual_seed(0)`` and no Pretrained weights, on the meta device (shapes and
+    dtypes without the memory and the random initialisation of the large variants)."""
     from mmengine.config import Config
     import mmlinattn  # noqa: F401  (registers the backbones)
     from mmlinattn.registry import MODELS
     backbone_cfg = copy.deepcopy(Config.fromfile(path).model.backbone)
     backbone_cfg['init_cfg'] = None
     torch.manual_seed(0)
-    state_dict = MODELS.build(backbone_cfg).state_dict()
+    with torch.device('meta'):
+        state_dict = MODELS.build(backbone_cfg).state_dict()
     lines = sorted(f'{key} {tuple(value.shape)} {value.dtype}' for key, value in state_dict.items())
     return hashlib.sha256('\n'.join(lines).encode()).hexdigest(), len(lines)
 

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 
 from e2e_utils import ROOT, require_toy_data, run
 
-from analysis import (attention_streams, laplacian_attention_rows, laplacian_inputs, layer_statistics,
-                      negative_mass, one_block_per_stage, polarity_attention_rows, polarity_inputs,
-                      record_attentions, row_entropy, softmax_rows, token_index)
+from analysis import (attention_streams, laplacian_inputs, layer_statistics, negative_mass,
+                      one_block_per_stage, polarity_attention_rows, polarity_inputs, record_attentions,
+                      row_entropy, softmax_rows, token_index)
 from analysis.model_loading import build_backbone, load_config, load_image, normalisation
 from mmlinattn.models.layers import LaplacianAttention, PolarityAttention, resize_pos_embed
 from mmlinattn.ops.laplacian_kernel.reference import l1_distance_exportable, laplacian_kernel_reference
@@ -92,8 +92,7 @@ def test_attention_rows_reproduce_every_layer_output(config):
         batch, tokens, channels = x.shape
         if isinstance(module, LaplacianAttention):
             q, landmarks, v = laplacian_inputs(module, x, record.hw_shape)
-            rows = laplacian_attention_rows(q, landmarks, module.lam, module.ns_iters,
-                                            module.ns_eps, module.den_eps)
+            rows = module.attention_rows(q, landmarks)
             assert rows.shape == (batch, module.num_heads, tokens, tokens)
             y = (rows @ v).transpose(1, 2).reshape(batch, tokens, channels)
             v_image = module.v(x).transpose(1, 2).reshape(batch, channels, height, width)
@@ -225,7 +224,7 @@ def test_visualisation_laplacianformer_figures_and_entropies(tmp_path):
             with torch.no_grad():
                 landmarks = module.landmarks(q[None], hw)[0]
             eye = torch.eye(landmarks.shape[1], dtype=torch.float64)
-            inverse = torch.linalg.inv(kernel(landmarks, landmarks) + module.ns_eps * eye)
+            inverse = torch.linalg.inv(kernel(landmarks, landmarks) + module.landmark_shift * eye)
             cross = kernel(q, landmarks)
             dense = cross @ inverse @ cross.transpose(1, 2)
         else:
@@ -443,7 +442,7 @@ def test_onnx_export_with_a_landmark_cap_stays_right_at_other_sizes(tmp_path):
     from mmlinattn.models.backbones import LaplacianFormer
     tool = _load_tool('export_onnx')
     torch.manual_seed(0)
-    model = LaplacianFormer(arch='tiny', max_landmark_grid=2, out_indices=(1, 3))
+    model = LaplacianFormer(arch='tiny', attn_cfg=dict(max_landmark_grid=2), out_indices=(1, 3))
     model.init_weights()
     model.eval()
     for trace, other in (((64, 64), (96, 128)), ((96, 128), (64, 64))):

@@ -6,8 +6,9 @@ from .finite_check import check_finite_input, set_finite_checks
 from .laplacian_kernel import laplacian_kernel
 from .newton_schulz import newton_schulz_inverse
 from .polarity_attention import polarity_linear_attention
+from .polarity_attention.reference import polarity_features
 from .validation import compute_dtype
 
 __all__ = ['FallbackWarning', 'check_finite_input', 'compute_dtype', 'extension_status',
-           'laplacian_kernel', 'newton_schulz_inverse', 'polarity_linear_attention',
-           'set_finite_checks']
+           'laplacian_kernel', 'newton_schulz_inverse', 'polarity_features',
+           'polarity_linear_attention', 'set_finite_checks']

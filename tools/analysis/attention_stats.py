@@ -5,16 +5,16 @@ Record the inputs of every :class:`LaplacianAttention` / :class:`PolarityAttenti
 recompute, for chosen queries, the weights over keys that each layer applies to its values:
 
 - LaplacianFormer (the layer's kernel ``K``, by default ``exp(-||a - b||_1 / lam)``, q is also
-  the key, q~ the landmarks, ``W = K(q~, q~) + ns_eps I`` solved by the layer's inverse)::
+  the key, q~ the landmarks, ``W = K(q~, q~) + landmark_shift I`` solved by the layer's inverse)::
 
       A_i = C_i W^-1 C^T / clamp(C_i W^-1 C^T 1, den_eps)     C = K(q, q~) [N, m], C_i its row i
 
-  so that the layer's ``y_i = A_i v`` (:func:`nystrom_attention_rows`, with the layer's
-  ``kernel_matrix`` and ``landmark_solve``); with ``landmark_ratio=1``
-  ``A_i = K(q_i, q) / clamp(K(q_i, q) 1, den_eps)``. Nyström rows sum to one but may hold small
-  negative entries. With ``inverse='conjugate_gradient'`` the rows are ``C_i CG(W, C^T)``, each
-  key's column solved on its own; the layer solves ``C^T [v, 1]`` instead, so ``A v`` equals its
-  output only as far as CG has converged (CG's iterates are not linear in the right-hand side).
+  so that the layer's ``y_i = A_i v``: :meth:`LaplacianAttention.attention_rows`, the layer's own
+  attention with v the identity; with ``landmark_ratio=1`` ``A_i = K(q_i, q) / clamp(K(q_i, q) 1,
+  den_eps)``. Nyström rows sum to one but may hold small negative entries. With
+  ``inverse='conjugate_gradient'`` each key's column of ``C^T`` is solved on its own; the layer
+  solves ``C^T v`` instead, so ``A v`` equals its output only as far as CG has converged (CG's
+  iterates are not linear in the right-hand side).
 - PolaFormer (``phi_s(q) = [q+, q-]``, ``phi_o(q) = [q-, q+]``, ``phi(k) = [k+, k-]``, n keys,
   the layer's power, fixed or learned)::
 
@@ -29,15 +29,13 @@ Shapes: q [B, h, N, d], keys [B, h, n, d]; rows [B, h, Q, n] for Q selected quer
 """
 import dataclasses
 import math
-import functools
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from mmlinattn.models.layers import LaplacianAttention, PolarityAttention
-from mmlinattn.models.layers.laplacian_attention import landmark_gram, solve_landmark_system
-from mmlinattn.ops import laplacian_kernel
+from mmlinattn.ops import polarity_features
 
 LINEAR_ATTENTIONS = (LaplacianAttention, PolarityAttention)
 
@@ -119,53 +117,6 @@ def polarity_inputs(module: PolarityAttention, x: torch.Tensor, hw_shape: Tuple[
 
 def _select(q: torch.Tensor, query_index: Optional[torch.Tensor]) -> torch.Tensor:
     return q if query_index is None else q[..., query_index, :]
-
-
-def nystrom_attention_rows(q: torch.Tensor,
-                           landmarks: Optional[torch.Tensor],
-                           kernel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                           solve: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                           den_eps: float = 1e-6,
-                           query_index: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Rows ``A_i`` of a (Nyström) kernel attention, see the module docstring.
-
-    q: [B, h, N, d] (queries and keys), landmarks: [B, h, m, d] or None for exact attention,
-    ``kernel(a, b) -> K(a, b)``, ``solve(q~, rhs) -> W^-1 rhs`` (a layer's ``kernel_matrix`` and
-    ``landmark_solve``), query_index: [Q] token indices (all when None) -> [B, h, Q, N].
-    ``A v`` is the layer's output before the local branch, up to rounding.
-    """
-    queries = _select(q, query_index)
-    if landmarks is None:
-        weights = kernel(queries, q)
-    else:
-        landmarks = landmarks.to(q.dtype)
-        cross_queries = kernel(queries, landmarks)  # [B, h, Q, m]
-        cross_keys = kernel(q, landmarks)  # [B, h, N, m]
-        weights = cross_queries @ solve(landmarks, cross_keys.transpose(-2, -1))
-    return weights / weights.sum(-1, keepdim=True).clamp(min=den_eps)
-
-
-def laplacian_attention_rows(q: torch.Tensor,
-                             landmarks: Optional[torch.Tensor],
-                             lam: float,
-                             ns_iters: int = 20,
-                             ns_eps: float = 1e-2,
-                             den_eps: float = 1e-6,
-                             query_index: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """:func:`nystrom_attention_rows` of the paper's attention: the Laplacian kernel and the
-    Newton–Schulz inverse. -> [B, h, Q, N]."""
-    kernel = functools.partial(laplacian_kernel, lam=lam)
-
-    def solve(points, rhs):
-        return solve_landmark_system(landmark_gram(points, kernel), rhs, 'newton_schulz', ns_eps,
-                                     ns_iters)
-
-    return nystrom_attention_rows(q, landmarks, kernel, solve, den_eps, query_index)
-
-
-def polarity_features(x: torch.Tensor, power: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(x+, x-) = (relu(x)^p, relu(-x)^p)``; x: [B, h, n, d], power: [1, h, 1, d]."""
-    return torch.relu(x)**power, torch.relu(-x)**power
 
 
 def polarity_attention_rows(
@@ -303,8 +254,7 @@ def attention_streams(
     if isinstance(module, LaplacianAttention):
         q, landmarks, _ = laplacian_inputs(module, record.x, record.hw_shape)
         with torch.no_grad():
-            rows = nystrom_attention_rows(q, landmarks, module.kernel_matrix, module.landmark_solve,
-                                          module.den_eps, query_index)
+            rows = module.attention_rows(q, landmarks, query_index)
         softmax_scale = module.head_dims**-0.5 / module.scale**2
         return {'laplacian': rows}, q, q, softmax_scale, record.hw_shape
     q, k, _, power, kv_grid = polarity_inputs(module, record.x, record.hw_shape)

@@ -83,6 +83,8 @@ class StagedBackbone(BaseModule):
     arch_settings: Dict[str, dict] = {}
     arch_defaults: Dict[str, object] = {}
     per_stage_keys: Tuple[str, ...] = ()  # arch entries that need one value per stage
+    # The inductor options torch.compile(backbone, dynamic=True) needs (None: none).
+    dynamic_compile_options: Optional[dict] = None
     # Keys a Pretrained checkpoint may lack: the output norms of stages its model did not output
     # (an ImageNet classifier normalises stage 4 only); they keep their initialisation.
     keys_allowed_missing: Tuple[str, ...] = (r'norm\d+\.(weight|bias)',)

@@ -1,50 +1,16 @@
 """LaplacianFormer: a four-stage pyramid of Laplacian-kernel Nyström attention blocks (docs/models/laplacianformer.md)."""
+import re
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-import torch.utils.checkpoint as cp
 from mmcv.cnn import ConvModule, build_norm_layer
-from mmcv.cnn.bricks import DropPath
 from mmengine.model.weight_init import trunc_normal_
 from torch import nn
 
 from mmlinattn.registry import MODELS
-from ..layers import LaplacianAttention, Mlp, resize_pos_embed
+from ..layers import LaplacianAttention, PreNormBlock, resize_pos_embed
+from .attn_cfg import check_attn_cfg
 from .base import StagedBackbone, StateDict
-
-
-class LaplacianFormerBlock(nn.Module):
-    """Pre-norm block: ``x + DropPath(Attn(LN(x)))``, then ``x + DropPath(FFN(LN(x)))``.
-
-    ``forward(x [B, N, C], hw_shape) -> [B, N, C]``; ``with_cp`` recomputes the block in backward.
-    """
-
-    def __init__(self, embed_dims: int, num_heads: int, landmark_ratio: int, local_kernel_size: int,
-                 mlp_ratio: float = 4.0, lam: Optional[float] = None, drop_rate: float = 0.0,
-                 drop_path_rate: float = 0.0, ns_iters: int = 20, ns_eps: float = 1e-2,
-                 max_landmark_grid: Optional[Union[int, Tuple[int, int]]] = None,
-                 kernel: str = 'laplacian', inverse: str = 'newton_schulz', cg_iters: int = 20,
-                 norm_cfg: dict = dict(type='LN', eps=1e-6), with_cp: bool = False):
-        super().__init__()
-        self.with_cp = with_cp
-        self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
-        self.attn = LaplacianAttention(embed_dims, num_heads, landmark_ratio, lam=lam,
-                                       local_kernel_size=local_kernel_size, proj_drop=drop_rate,
-                                       ns_iters=ns_iters, ns_eps=ns_eps,
-                                       max_landmark_grid=max_landmark_grid, kernel=kernel,
-                                       inverse=inverse, cg_iters=cg_iters)
-        self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
-        self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
-        self.ffn = Mlp(embed_dims, int(embed_dims * mlp_ratio), drop=drop_rate)
-
-    def _forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x), hw_shape))
-        return x + self.drop_path(self.ffn(self.norm2(x)))
-
-    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        if self.with_cp and x.requires_grad:
-            return cp.checkpoint(self._forward, x, hw_shape, use_reentrant=False)
-        return self._forward(x, hw_shape)
 
 
 class LaplacianFormerStage(nn.Module):
@@ -55,7 +21,7 @@ class LaplacianFormerStage(nn.Module):
     """
 
     def __init__(self, patch_embed: nn.Module, embed_dims: int, pos_grid: Tuple[int, int],
-                 blocks: List[LaplacianFormerBlock], drop_rate: float = 0.0):
+                 blocks: List[PreNormBlock], drop_rate: float = 0.0):
         super().__init__()
         self.patch_embed = patch_embed
         self.pos_grid = tuple(pos_grid)
@@ -71,6 +37,21 @@ class LaplacianFormerStage(nn.Module):
         for block in self.blocks:
             x = block(x, hw_shape)
         return x, hw_shape
+
+
+# Checkpoints that call the blocks' MLP ``ffn`` load under this backbone's ``mlp`` keys.
+LEGACY_MLP_KEY = re.compile(r'(stages\.\d+\.blocks\.\d+\.)ffn\.')
+
+
+def rename_legacy_keys(state_dict: StateDict, prefix: str = '') -> StateDict:
+    """Rename ``{prefix}stages.i.blocks.j.ffn.*`` to ``{prefix}stages.i.blocks.j.mlp.*`` in place;
+    returns ``state_dict``."""
+    legacy = [key for key in state_dict
+              if key.startswith(prefix) and LEGACY_MLP_KEY.match(key, len(prefix))]
+    for key in legacy:
+        state_dict[prefix + LEGACY_MLP_KEY.sub(r'\1mlp.', key[len(prefix):], count=1)] = (
+            state_dict.pop(key))
+    return state_dict
 
 
 def _soft_stem(in_channels: int, stem_channels: int, out_channels: int, conv_norm_cfg: dict):
@@ -99,23 +80,15 @@ class LaplacianFormer(StagedBackbone):
             ``num_heads``, ``depths`` (and optionally ``landmark_ratios``, ``local_kernel_sizes``).
         in_channels: image channels.
         stem_channels: width of the stem's first two convs.
-        mlp_ratio: FFN hidden width / embed dims.
-        lam: the Laplacian kernel's bandwidth (None: 4); must stay None with ``kernel='gaussian'``.
-        kernel: 'laplacian' (the paper) or 'gaussian' (SOFT's ``exp(-||q-k||_2^2 / 2)`` with q
-            scaled by ``d^-1/4``), in every attention layer (ablation; see docs/ablations.md).
-        inverse: the landmark solve, 'newton_schulz' (the paper), 'exact' (Cholesky) or
-            'conjugate_gradient' (``cg_iters`` steps); ablation, see docs/ablations.md.
-        cg_iters: conjugate-gradient steps with ``inverse='conjugate_gradient'``.
+        mlp_ratio: MLP hidden width / embed dims.
+        attn_cfg: the settings of every :class:`LaplacianAttention` (its keyword-only arguments:
+            ``lam``, ``kernel``, ``inverse``, ``ns_iters``, ``cg_iters``, ``landmark_shift``,
+            ``max_landmark_grid``, ...), passed unchanged; the layer holds their defaults (the
+            paper's model, landmarks capped at the 224^2 grid) and checks them. The ablations
+            (docs/ablations.md) are ``attn_cfg`` entries, e.g. ``dict(kernel='gaussian')``.
         pretrain_img_size: the input size the position embeddings are defined for.
-        drop_rate: dropout after position embedding, attention projection and FFN.
+        drop_rate: dropout after position embedding, attention projection and MLP.
         drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
-        ns_iters, ns_eps: Newton–Schulz steps and the diagonal shift of the landmark system.
-        max_landmark_grid: the landmark conv output is average-pooled to at most this grid
-            (int or (gh, gw)). The default, 7, is the grid of a 224^2 input in every stage: the
-            224^2 model is unchanged and the cost stays linear in the number of pixels. None is the
-            paper-literal ``ceil(H/s) * ceil(W/s)`` landmarks per head, which grows with the input
-            (the Newton–Schulz inverse then costs ~m^3: 1936 GFLOPs for Tiny at 800x1333 instead
-            of 43). See docs/models/laplacianformer.md.
         out_indices: stages whose (normalised) outputs are returned.
         frozen_stages: the first ``frozen_stages`` stages (with their stem/downsampling conv, position
             embedding and output norm) get no gradients and stay in eval mode; -1 or 0 freezes nothing.
@@ -137,29 +110,29 @@ class LaplacianFormer(StagedBackbone):
     }
     arch_defaults = dict(landmark_ratios=(8, 4, 2, 1), local_kernel_sizes=(9, 5, 3, 3))
     per_stage_keys = ('embed_dims', 'num_heads', 'depths', 'landmark_ratios', 'local_kernel_sizes')
+    # The graph returns views whose strides are FloorDiv expressions of H and W (the landmark grid):
+    # inductor orders such strides without a shape env and fails (`cannot determine truth value of
+    # Relational`) unless it keeps their exact strides.
+    dynamic_compile_options = {'strict_output_strides': True}
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
                  in_channels: int = 3,
                  stem_channels: int = 32,
                  mlp_ratio: float = 4.0,
-                 lam: Optional[float] = None,
+                 attn_cfg: Optional[dict] = None,
                  pretrain_img_size: int = 224,
                  drop_rate: float = 0.0,
                  drop_path_rate: float = 0.1,
-                 ns_iters: int = 20,
-                 ns_eps: float = 1e-2,
-                 max_landmark_grid: Optional[Union[int, Tuple[int, int]]] = 7,
-                 kernel: str = 'laplacian',
-                 inverse: str = 'newton_schulz',
-                 cg_iters: int = 20,
                  out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  norm_cfg: dict = dict(type='LN', eps=1e-6),
                  conv_norm_cfg: dict = dict(type='BN'),
-                 init_cfg=None):
+                 init_cfg=None,
+                 **unknown_kwargs):
+        attn_cfg = check_attn_cfg(type(self).__name__, LaplacianAttention, attn_cfg, unknown_kwargs)
         super().__init__(arch, out_indices, frozen_stages, norm_eval, init_cfg)
         self.embed_dims = list(self.arch['embed_dims'])
         self.num_heads = list(self.arch['num_heads'])
@@ -168,7 +141,7 @@ class LaplacianFormer(StagedBackbone):
         self.local_kernel_sizes = list(self.arch['local_kernel_sizes'])
         self.pretrain_img_size = pretrain_img_size
 
-        drop_path_rates = torch.linspace(0, drop_path_rate, sum(self.depths)).tolist()
+        drop_path_rates = torch.linspace(0, drop_path_rate, sum(self.depths), device='cpu').tolist()
         self.stages = nn.ModuleList()
         in_dims = in_channels
         for i in range(self.num_stages):
@@ -179,15 +152,12 @@ class LaplacianFormer(StagedBackbone):
                 patch_embed = ConvModule(in_dims, dims, 3, stride=2, padding=1, norm_cfg=conv_norm_cfg,
                                          act_cfg=None)
             first = sum(self.depths[:i])
-            blocks = [
-                LaplacianFormerBlock(dims, self.num_heads[i], self.landmark_ratios[i],
-                                     self.local_kernel_sizes[i], mlp_ratio=mlp_ratio, lam=lam,
-                                     drop_rate=drop_rate, drop_path_rate=drop_path_rates[first + j],
-                                     ns_iters=ns_iters, ns_eps=ns_eps,
-                                     max_landmark_grid=max_landmark_grid, kernel=kernel,
-                                     inverse=inverse, cg_iters=cg_iters, norm_cfg=norm_cfg,
-                                     with_cp=with_cp) for j in range(self.depths[i])
-            ]
+            blocks = []
+            for j in range(self.depths[i]):
+                attn = LaplacianAttention(dims, self.num_heads[i], self.landmark_ratios[i],
+                                          self.local_kernel_sizes[i], drop_rate, **attn_cfg)
+                blocks.append(PreNormBlock(attn, dims, mlp_ratio, norm_cfg=norm_cfg, drop_rate=drop_rate,
+                                           drop_path_rate=drop_path_rates[first + j], with_cp=with_cp))
             pos_grid = (-(-pretrain_img_size // stride), ) * 2
             self.stages.append(LaplacianFormerStage(patch_embed, dims, pos_grid, blocks, drop_rate))
             if i in self.out_indices:
@@ -208,13 +178,21 @@ class LaplacianFormer(StagedBackbone):
             trunc_normal_(stage.pos_embed, std=0.02)
 
     def convert_state_dict(self, state_dict: StateDict) -> Tuple[StateDict, Dict[str, str]]:
-        """Resize position embeddings learned for another ``pretrain_img_size`` (bicubic)."""
+        """Rename ``ffn`` keys to ``mlp`` (:func:`rename_legacy_keys`) and resize position
+        embeddings learned for another ``pretrain_img_size`` (bicubic)."""
+        rename_legacy_keys(state_dict)
         for i, stage in enumerate(self.stages):
             key = f'stages.{i}.pos_embed'
             if key in state_dict and state_dict[key].shape != stage.pos_embed.shape:
                 src = int(round(state_dict[key].shape[1]**0.5))
                 state_dict[key] = resize_pos_embed(state_dict[key], (src, src), stage.pos_grid)
         return state_dict, {}
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # Every load_state_dict (a whole detector's checkpoint, a resumed run) passes through here
+        # before the blocks read their keys, so checkpoints with ``ffn`` keys load everywhere.
+        rename_legacy_keys(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: [B, C_in, H, W] -> tuple of [B, embed_dims[i], ceil(H/s_i), ceil(W/s_i)], s_i = 4*2^i."""

@@ -3,7 +3,7 @@
 The official PolaFormer code has no DeiT model; this layout is ours (docs/ablations.md explains
 the choices and the parameter count against the paper's 6.1M).
 """
-from typing import Dict, List, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +12,7 @@ from torch import nn
 
 from mmlinattn.registry import MODELS
 from ..layers import PolarityAttention, PreNormBlock, pad_to_multiple, resize_pos_embed
+from .attn_cfg import check_attn_cfg
 from .base import StagedBackbone
 
 
@@ -39,10 +40,10 @@ class PolaDeiT(StagedBackbone):
         in_channels: image channels.
         pretrain_img_size: the input size the position embeddings are defined for.
         qkv_bias: bias of the attention's input projections.
-        alpha: the learned attention power is ``1 + alpha * sigmoid(theta)``.
-        kernel_size: of the attention's depthwise conv on v.
+        attn_cfg: the settings of every :class:`PolarityAttention` (its keyword-only arguments:
+            ``alpha``, ``kernel_size``, ``polarity``, ``power``, ``fixed_power``, ``eps``), passed
+            unchanged; the layer holds their defaults and checks them (docs/ablations.md).
         block_pos_encoding: give each block's attention its positional encoding on k.
-        polarity, power, fixed_power: the :class:`PolarityAttention` ablations (docs/ablations.md).
         drop_rate: dropout after the position embedding, the attention projection and in the MLP.
         drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
         out_indices: (0,), the one stage.
@@ -69,19 +70,17 @@ class PolaDeiT(StagedBackbone):
                  in_channels: int = 3,
                  pretrain_img_size: int = 224,
                  qkv_bias: bool = True,
-                 alpha: float = 4.0,
-                 kernel_size: int = 5,
+                 attn_cfg: Optional[dict] = None,
                  block_pos_encoding: bool = False,
-                 polarity: str = 'both',
-                 power: str = 'learned',
-                 fixed_power: float = 3.0,
                  drop_rate: float = 0.0,
                  drop_path_rate: float = 0.1,
                  out_indices: Sequence[int] = (0, ),
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
-                 init_cfg=None):
+                 init_cfg=None,
+                 **unknown_kwargs):
+        attn_cfg = check_attn_cfg(type(self).__name__, PolarityAttention, attn_cfg, unknown_kwargs)
         super().__init__(arch, out_indices, frozen_stages, norm_eval, init_cfg)
         self.embed_dims = self.arch['embed_dims']
         self.depth = self.arch['depth']
@@ -97,11 +96,10 @@ class PolaDeiT(StagedBackbone):
         self.blocks = nn.ModuleList(
             PreNormBlock(PolarityAttention(dims, self.num_heads,
                                            pos_grid=self.pos_grid if block_pos_encoding else None,
-                                           qkv_bias=qkv_bias, kernel_size=kernel_size, alpha=alpha,
-                                           proj_drop=drop_rate, polarity=polarity, power=power,
-                                           fixed_power=fixed_power),
-                         dims, self.arch['mlp_ratio'], norm_eps=self.norm_eps, drop_rate=drop_rate,
-                         drop_path_rate=rate, with_cp=with_cp) for rate in drop_path_rates)
+                                           qkv_bias=qkv_bias, proj_drop=drop_rate, **attn_cfg),
+                         dims, self.arch['mlp_ratio'], norm_cfg=dict(type='LN', eps=self.norm_eps),
+                         drop_rate=drop_rate, drop_path_rate=rate, with_cp=with_cp)
+            for rate in drop_path_rates)
         self.norm = nn.LayerNorm(dims, eps=self.norm_eps)
         self._freeze_stages()
 

@@ -1,6 +1,6 @@
 """Pola-PVT: the PVT (v1) pyramid with PolaFormer's polarity-aware linear attention in every block
 (docs/models/polaformer.md)."""
-from typing import Dict, List, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from mmengine.model.weight_init import trunc_normal_
@@ -8,6 +8,7 @@ from torch import nn
 
 from mmlinattn.registry import MODELS
 from ..layers import PatchEmbed, PolarityAttention, PreNormBlock, resize_pos_embed
+from .attn_cfg import check_attn_cfg
 from .base import StagedBackbone, StateDict
 from .polaformer_converter import (check_official_settings, convert_official,
                                    is_official_polaformer)
@@ -41,12 +42,10 @@ class PolaPVT(StagedBackbone):
         in_channels: image channels.
         pretrain_img_size: the input size the position embeddings are defined for.
         qkv_bias: bias of the attention's input projections.
-        alpha: the attention power is ``1 + alpha * sigmoid(theta)``.
-        polarity, power, fixed_power: ablations of every attention layer (see
-            :class:`PolarityAttention` and docs/ablations.md): ``polarity='same'`` drops the
-            opposite-sign stream, ``power='fixed'`` uses ``p = fixed_power``. The defaults are the
-            official model.
-        kernel_size: of the attention's depthwise conv on v.
+        attn_cfg: the settings of every :class:`PolarityAttention` (its keyword-only arguments:
+            ``alpha``, ``kernel_size``, ``polarity``, ``power``, ``fixed_power``, ``eps``), passed
+            unchanged; the layer holds their defaults (the official model) and checks them. The
+            ablations (docs/ablations.md) are ``attn_cfg`` entries, e.g. ``dict(polarity='same')``.
         drop_rate: dropout after the position embedding, the attention projection and in the MLP.
         drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
         out_indices: stages whose outputs are returned.
@@ -71,25 +70,23 @@ class PolaPVT(StagedBackbone):
                          sr_ratios=[1, 1, 1, 1])
     per_stage_keys = ('embed_dims', 'num_heads', 'mlp_ratios', 'sr_ratios', 'depths')
     patch_sizes = (4, 2, 2, 2)
-    block_norm_eps = 1e-6
+    block_norm_cfg = dict(type='LN', eps=1e-6)
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
                  in_channels: int = 3,
                  pretrain_img_size: int = 224,
                  qkv_bias: bool = True,
-                 alpha: float = 4.0,
-                 kernel_size: int = 5,
-                 polarity: str = 'both',
-                 power: str = 'learned',
-                 fixed_power: float = 3.0,
+                 attn_cfg: Optional[dict] = None,
                  drop_rate: float = 0.0,
                  drop_path_rate: float = 0.1,
                  out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
-                 init_cfg=None):
+                 init_cfg=None,
+                 **unknown_kwargs):
+        attn_cfg = check_attn_cfg(type(self).__name__, PolarityAttention, attn_cfg, unknown_kwargs)
         super().__init__(arch, out_indices, frozen_stages, norm_eval, init_cfg)
         self.embed_dims = list(self.arch['embed_dims'])
         self.num_heads = list(self.arch['num_heads'])
@@ -111,10 +108,9 @@ class PolaPVT(StagedBackbone):
             blocks = []
             for j in range(self.depths[i]):
                 attn = PolarityAttention(dims, self.num_heads[i], pos_grid=(grid[0] // sr, grid[1] // sr),
-                                         sr_ratio=sr, qkv_bias=qkv_bias, kernel_size=kernel_size,
-                                         alpha=alpha, proj_drop=drop_rate, polarity=polarity,
-                                         power=power, fixed_power=fixed_power)
-                blocks.append(PreNormBlock(attn, dims, self.mlp_ratios[i], norm_eps=self.block_norm_eps,
+                                         sr_ratio=sr, qkv_bias=qkv_bias, proj_drop=drop_rate,
+                                         **attn_cfg)
+                blocks.append(PreNormBlock(attn, dims, self.mlp_ratios[i], norm_cfg=self.block_norm_cfg,
                                            drop_rate=drop_rate,
                                            drop_path_rate=drop_path_rates[sum(self.depths[:i]) + j],
                                            with_cp=with_cp))

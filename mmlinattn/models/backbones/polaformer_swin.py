@@ -8,6 +8,7 @@ from torch import nn
 
 from mmlinattn.registry import MODELS
 from ..layers import PatchEmbed, PatchMerging, PolarityAttention, PreNormBlock, ShiftedWindowAttention
+from .attn_cfg import check_attn_cfg
 from .base import StagedBackbone, StateDict
 from .polaformer_converter import (check_official_settings, convert_official,
                                    is_official_polaformer)
@@ -51,12 +52,11 @@ class PolaSwin(StagedBackbone):
         window_size: of the window stages.
         mlp_ratio: hidden width of the MLPs / channels.
         qkv_bias: bias of the attention's input projections.
-        alpha: the polarity attention's power is ``1 + alpha * sigmoid(theta)``.
-        polarity, power, fixed_power: ablations of the polarity attention layers (see
-            :class:`PolarityAttention` and docs/ablations.md): ``polarity='same'`` drops the
-            opposite-sign stream, ``power='fixed'`` uses ``p = fixed_power``. The defaults are the
-            official model.
-        kernel_size: of the polarity attention's depthwise conv on v.
+        attn_cfg: the settings of every :class:`PolarityAttention` of the polarity stages (its
+            keyword-only arguments: ``alpha``, ``kernel_size``, ``polarity``, ``power``,
+            ``fixed_power``, ``eps``), passed unchanged; the layer holds their defaults (the
+            official model) and checks them. The ablations (docs/ablations.md) are ``attn_cfg``
+            entries, e.g. ``dict(polarity='same')``.
         drop_rate, attn_drop_rate: dropout (patch embedding, projections, MLPs; window attention).
         drop_path_rate: stochastic depth, rising linearly over the blocks to this value.
         out_indices: stages whose (normalised) outputs are returned.
@@ -87,11 +87,7 @@ class PolaSwin(StagedBackbone):
                  window_size: int = 7,
                  mlp_ratio: float = 4.0,
                  qkv_bias: bool = True,
-                 alpha: float = 4.0,
-                 kernel_size: int = 5,
-                 polarity: str = 'both',
-                 power: str = 'learned',
-                 fixed_power: float = 3.0,
+                 attn_cfg: Optional[dict] = None,
                  drop_rate: float = 0.0,
                  attn_drop_rate: float = 0.0,
                  drop_path_rate: float = 0.2,
@@ -99,7 +95,9 @@ class PolaSwin(StagedBackbone):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
-                 init_cfg=None):
+                 init_cfg=None,
+                 **unknown_kwargs):
+        attn_cfg = check_attn_cfg(type(self).__name__, PolarityAttention, attn_cfg, unknown_kwargs)
         super().__init__(arch, out_indices, frozen_stages, norm_eval, init_cfg)
         self.depths = list(self.arch['depths'])
         self.num_heads = list(self.arch['num_heads'])
@@ -121,9 +119,8 @@ class PolaSwin(StagedBackbone):
             for j in range(self.depths[i]):
                 if self.attn_types[i] == 'polarity':
                     attn = PolarityAttention(dims, self.num_heads[i], pos_grid=(resolution, resolution),
-                                             fused_qkvg=True, qkv_bias=qkv_bias, kernel_size=kernel_size,
-                                             alpha=alpha, proj_drop=drop_rate, polarity=polarity,
-                                             power=power, fixed_power=fixed_power)
+                                             fused_qkvg=True, qkv_bias=qkv_bias, proj_drop=drop_rate,
+                                             **attn_cfg)
                 else:
                     attn = ShiftedWindowAttention(dims, self.num_heads[i], window_size, shift=j % 2 == 1,
                                                   qkv_bias=qkv_bias, attn_drop=attn_drop_rate,

@@ -103,79 +103,56 @@ def landmark_gram(landmarks: torch.Tensor, kernel: Kernel) -> torch.Tensor:
         return kernel(landmarks, landmarks)
 
 
-def landmark_inverse_gram(landmarks: torch.Tensor, lam: float = 4.0, ns_iters: int = 20,
-                          ns_eps: float = 1e-2) -> torch.Tensor:
-    """``W^-1 = (K(q~, q~) + ns_eps*I)^-1`` (Laplacian kernel) by Newton–Schulz, in fp32.
+def newton_schulz_solve(gram: torch.Tensor, rhs: torch.Tensor, iters: int,
+                        shift: float) -> torch.Tensor:
+    """``V rhs`` with ``V ~ (gram + shift*I)^-1`` after ``iters`` Newton–Schulz steps:
+    gram [B, H, M, M] (fp32/fp64), rhs [B, H, M, k] -> rhs's dtype.
 
-    landmarks: [B, H, M, D] -> [B, H, M, M]. Autocast is disabled here: the iteration squares its
-    error each step, and in bf16 it stalls at ~1e-2 or diverges on ill-conditioned Gram matrices.
-    """
-    gram = landmark_gram(landmarks, functools.partial(laplacian_kernel, lam=lam))
-    with torch.autocast(device_type=landmarks.device.type, enabled=False):
-        return newton_schulz_inverse(gram, iters=ns_iters, eps=ns_eps)
-
-
-def solve_landmark_system(gram: torch.Tensor, rhs: torch.Tensor, inverse: str = 'newton_schulz',
-                          eps: float = 1e-2, ns_iters: int = 20, cg_iters: int = 20) -> torch.Tensor:
-    """``(gram + eps*I)^-1 rhs``: gram [B, H, M, M] (fp32/fp64), rhs [B, H, M, k] -> rhs's dtype.
-
-    ``inverse``: 'newton_schulz' (``ns_iters`` steps give ``V ~ (gram + eps I)^-1``, then
-    ``V rhs`` in rhs's dtype, as under autocast), 'exact' (Cholesky, in gram's dtype) or
-    'conjugate_gradient' (``cg_iters`` steps per column of rhs, in gram's dtype).
+    V is computed with autocast off (the iteration squares its error each step; in bf16 it stalls
+    at ~1e-2 or diverges on ill-conditioned Gram matrices), the product ``V rhs`` in rhs's dtype,
+    as autocast would.
     """
     with torch.autocast(device_type=gram.device.type, enabled=False):
-        if inverse == 'newton_schulz':
-            inverse_gram = newton_schulz_inverse(gram, iters=ns_iters, eps=eps)
-        elif inverse == 'exact':
-            return cholesky_solve_spd(gram, rhs.to(gram.dtype), eps).to(rhs.dtype)
-        elif inverse == 'conjugate_gradient':
-            return conjugate_gradient_solve(gram, rhs.to(gram.dtype), cg_iters, eps).to(rhs.dtype)
-        else:
-            raise ValueError(f'inverse must be one of {INVERSES}, got {inverse!r}')
+        inverse_gram = newton_schulz_inverse(gram, iters=iters, eps=shift)
     return inverse_gram.to(rhs.dtype) @ rhs
 
 
-def exact_kernel_attention(q: torch.Tensor, v: torch.Tensor, kernel: Kernel,
-                           den_eps: float = 1e-6) -> torch.Tensor:
-    """``y = D^-1 K v`` with ``K = kernel(q, q)`` and ``D = diag(K 1)``.
+def solve_in_gram_dtype(solver: Callable[..., torch.Tensor], gram: torch.Tensor, rhs: torch.Tensor,
+                        **kwargs) -> torch.Tensor:
+    """``solver(gram, rhs, **kwargs)`` with rhs cast to gram's dtype and autocast off; the result in
+    rhs's dtype (for :func:`cholesky_solve_spd` and :func:`conjugate_gradient_solve`)."""
+    with torch.autocast(device_type=gram.device.type, enabled=False):
+        return solver(gram, rhs.to(gram.dtype), **kwargs).to(rhs.dtype)
 
-    q: [B, H, N, D], v: [B, H, N, Dv] -> [B, H, N, Dv]. Quadratic in N: for the stride-32 stage.
+
+def exact_kernel_attention(q: torch.Tensor, v: torch.Tensor, kernel: Kernel, den_eps: float = 1e-6,
+                           queries: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``y = D^-1 K v`` with ``K = kernel(queries, q)`` and ``D = diag(K 1)``; queries default to q.
+
+    q: [B, H, N, D] (the keys), v: [B, H, N, Dv], queries: [B, H, Q, D] -> [B, H, Q, Dv].
+    Quadratic in N: for the stride-32 stage.
     """
-    weights = kernel(q, q)
+    weights = kernel(q if queries is None else queries, q)
     return _normalise(weights @ _append_ones(v).to(weights.dtype), den_eps)
 
 
 def nystrom_attention(q: torch.Tensor, landmarks: torch.Tensor, v: torch.Tensor, kernel: Kernel,
-                      solve: Solver, den_eps: float = 1e-6) -> torch.Tensor:
-    """``y = C (W^-1 (C^T v)) / clamp(C (W^-1 (C^T 1)), den_eps)``, ``C = kernel(q, q~)``.
+                      solve: Solver, den_eps: float = 1e-6,
+                      queries: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``y = C_Q (W^-1 (C^T v)) / clamp(C_Q (W^-1 (C^T 1)), den_eps)`` with ``C = kernel(q, q~)``
+    and ``C_Q = kernel(queries, q~)``; queries default to q (then ``C_Q = C``).
 
-    q: [B, H, N, D], landmarks q~: [B, H, M, D], v: [B, H, N, Dv] -> [B, H, N, Dv];
-    ``solve(q~, rhs [B, H, M, k]) -> W^-1 rhs``. Cost O(N M (D + Dv)) plus the solve; memory O(N M).
+    q: [B, H, N, D] (the keys), landmarks q~: [B, H, M, D], v: [B, H, N, Dv], queries:
+    [B, H, Q, D] -> [B, H, Q, Dv]; ``solve(q~, rhs [B, H, M, k]) -> W^-1 rhs``. Cost
+    O((N + Q) M (D + Dv)) plus the solve; memory O((N + Q) M).
     """
     cross = kernel(q, landmarks.to(q.dtype))  # C: [B, H, N, M]
     v_ones = _append_ones(v).to(cross.dtype)  # [B, H, N, Dv + 1]
     context = cross.transpose(-2, -1) @ v_ones  # C^T [v, 1]: [B, H, M, Dv + 1]
-    context = solve(landmarks, context)  # W^-1 C^T [v, 1]
-    return _normalise(cross @ context, den_eps)  # C W^-1 C^T [v, 1] -> [B, H, N, Dv]
-
-
-def exact_laplacian_attention(q: torch.Tensor, v: torch.Tensor, lam: float = 4.0,
-                              den_eps: float = 1e-6) -> torch.Tensor:
-    """:func:`exact_kernel_attention` with the Laplacian kernel ``exp(-||a - b||_1 / lam)``."""
-    return exact_kernel_attention(q, v, functools.partial(laplacian_kernel, lam=lam), den_eps)
-
-
-def nystrom_laplacian_attention(q: torch.Tensor, landmarks: torch.Tensor, v: torch.Tensor,
-                                lam: float = 4.0, ns_iters: int = 20, ns_eps: float = 1e-2,
-                                den_eps: float = 1e-6) -> torch.Tensor:
-    """The paper's attention: :func:`nystrom_attention` with the Laplacian kernel and the
-    Newton–Schulz inverse of :func:`landmark_inverse_gram`. Cost O(N M (D + Dv) + M^3 ns_iters)."""
-
-    def solve(points, rhs):
-        return landmark_inverse_gram(points, lam, ns_iters, ns_eps).to(rhs.dtype) @ rhs
-
-    return nystrom_attention(q, landmarks, v, functools.partial(laplacian_kernel, lam=lam), solve,
-                             den_eps)
+    context = solve(landmarks, context)  # W^-1 C^T [v, 1], the Gram matrix from the uncast q~
+    cross_queries = (cross if queries is None else  # C_Q: [B, H, Q, M]
+                     kernel(queries, landmarks.to(q.dtype)))
+    return _normalise(cross_queries @ context, den_eps)  # C_Q W^-1 C^T [v, 1] -> [B, H, Q, Dv]
 
 
 def _average_pool_matrix(size: torch.Tensor, limit: int, dtype: torch.dtype) -> torch.Tensor:
@@ -223,6 +200,12 @@ class LaplacianAttention(nn.Module):
         embed_dims: channels C.
         num_heads: heads h, dividing C.
         landmark_ratio: s >= 1, the landmark pooling stride; 1 selects exact attention.
+        local_kernel_size: k of the depthwise local branch (odd); 0 disables it.
+        proj_drop: dropout after the output projection.
+
+    The attention settings, keyword-only (a backbone's ``attn_cfg``; the defaults are the paper's
+    model):
+
         lam: the Laplacian kernel's bandwidth; None means 4. The Gaussian kernel has none (SOFT's
             ``exp(-||a - b||_2^2 / 2)``, its width set by the ``d^-1/4`` query scaling), so
             ``kernel='gaussian'`` needs ``lam=None``.
@@ -230,26 +213,26 @@ class LaplacianAttention(nn.Module):
         inverse: how ``W^-1 C^T [v, 1]`` is solved: 'newton_schulz' (the paper; ``ns_iters``
             steps from ``I / ||W||_inf``), 'exact' (Cholesky) or 'conjugate_gradient'
             (``cg_iters`` steps per column). All in fp32 (fp64 stays fp64).
-        cg_iters: conjugate-gradient steps with ``inverse='conjugate_gradient'``.
-        local_kernel_size: k of the depthwise local branch (odd); 0 disables it.
-        qv_bias: bias of the q and v projections.
-        proj_drop: dropout after the output projection.
         ns_iters: Newton–Schulz steps with ``inverse='newton_schulz'``.
-        ns_eps: the diagonal shift ``eps`` of the landmark system ``W = K(q~, q~) + eps*I``
-            (every inverse solves the same system).
+        cg_iters: conjugate-gradient steps with ``inverse='conjugate_gradient'``.
+        landmark_shift: the diagonal shift ``eps >= 0`` of the landmark system
+            ``W = K(q~, q~) + eps*I``, which every inverse solves.
+        max_landmark_grid: an int or (gh, gw) cap on the landmark grid; 7, the grid of a 224^2
+            input in every LaplacianFormer stage, leaves the 224^2 model unchanged and keeps the
+            cost linear in the pixels. None: ``m = ceil(H/s) * ceil(W/s)``, the paper-literal
+            landmarks, which grow with the input (docs/models/laplacianformer.md).
+        qv_bias: bias of the q and v projections.
         den_eps: lower clamp of the row normaliser.
-        max_landmark_grid: None (m = ceil(H/s) * ceil(W/s)) or an int / (gh, gw) cap on the
-            landmark grid.
 
     Shapes: ``forward(x [B, N, C], hw_shape=(H, W))`` with ``N = H*W`` -> [B, N, C].
     """
 
     def __init__(self, embed_dims: int, num_heads: int, landmark_ratio: int,
-                 lam: Optional[float] = None, local_kernel_size: int = 3, qv_bias: bool = True,
-                 proj_drop: float = 0.0, ns_iters: int = 20, ns_eps: float = 1e-2,
-                 den_eps: float = 1e-6,
-                 max_landmark_grid: Optional[Union[int, Tuple[int, int]]] = None,
-                 kernel: str = 'laplacian', inverse: str = 'newton_schulz', cg_iters: int = 20):
+                 local_kernel_size: int = 3, proj_drop: float = 0.0, *, lam: Optional[float] = None,
+                 kernel: str = 'laplacian', inverse: str = 'newton_schulz', ns_iters: int = 20,
+                 cg_iters: int = 20, landmark_shift: float = 1e-2,
+                 max_landmark_grid: Optional[Union[int, Tuple[int, int]]] = 7,
+                 qv_bias: bool = True, den_eps: float = 1e-6):
         super().__init__()
         if embed_dims % num_heads != 0:
             raise ValueError(f'embed_dims must be divisible by num_heads, got {embed_dims} and '
@@ -271,6 +254,8 @@ class LaplacianAttention(nn.Module):
         for name, iters in (('ns_iters', ns_iters), ('cg_iters', cg_iters)):
             if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
                 raise ValueError(f'{name} must be a positive integer, got {iters!r}')
+        if not landmark_shift >= 0:
+            raise ValueError(f'landmark_shift must be >= 0, got {landmark_shift!r}')
         if local_kernel_size < 0 or (local_kernel_size and local_kernel_size % 2 == 0):
             raise ValueError(f'local_kernel_size must be odd (or 0 for none), got {local_kernel_size}')
         if isinstance(max_landmark_grid, int):
@@ -289,8 +274,19 @@ class LaplacianAttention(nn.Module):
         self.lam = None if lam is None else float(lam)
         self.ns_iters = ns_iters
         self.cg_iters = cg_iters
-        self.ns_eps = ns_eps
+        self.landmark_shift = landmark_shift
         self.den_eps = den_eps
+        # The kernel and the solver, chosen here once: the forward pass only calls them.
+        self._kernel: Kernel = (gaussian_kernel if kernel == 'gaussian' else
+                                functools.partial(laplacian_kernel, lam=self.lam))
+        self._gram_solver: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = {
+            'newton_schulz': functools.partial(newton_schulz_solve, iters=ns_iters,
+                                               shift=landmark_shift),
+            'exact': functools.partial(solve_in_gram_dtype, cholesky_solve_spd,
+                                       shift=landmark_shift),
+            'conjugate_gradient': functools.partial(solve_in_gram_dtype, conjugate_gradient_solve,
+                                                    iters=cg_iters, shift=landmark_shift),
+        }[inverse]
         # SOFT scales q by d^-1/4 before exp(-||q - k||^2 / 2), i.e. exp(q.k / sqrt(d)) up to the
         # norms, as softmax attention (fudan-zvg/SOFT, models/softmax_free_transformer.py).
         self.scale = self.head_dims**(-0.25 if kernel == 'gaussian' else -0.5)
@@ -313,19 +309,43 @@ class LaplacianAttention(nn.Module):
                   'conjugate_gradient': f'cg_iters={self.cg_iters}'}[self.inverse]
         return (f'num_heads={self.num_heads}, landmark_ratio={self.landmark_ratio}, '
                 f'kernel={self.kernel}, lam={self.lam}, inverse={self.inverse} ({solver}), '
-                f'ns_eps={self.ns_eps}, max_landmark_grid={self.max_landmark_grid}')
+                f'landmark_shift={self.landmark_shift}, max_landmark_grid={self.max_landmark_grid}')
 
     def kernel_matrix(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """``K(a_i, b_j)`` of this layer's kernel: a [B, h, N, d], b [B, h, M, d] -> [B, h, N, M]."""
-        if self.kernel == 'gaussian':
-            return gaussian_kernel(a, b)
-        return laplacian_kernel(a, b, self.lam)
+        return self._kernel(a, b)
 
     def landmark_solve(self, landmarks: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
-        """``(K(q~, q~) + ns_eps*I)^-1 rhs`` by this layer's inverse, in fp32 (fp64 stays fp64):
-        landmarks [B, h, m, d], rhs [B, h, m, k] -> [B, h, m, k] in rhs's dtype."""
-        return solve_landmark_system(landmark_gram(landmarks, self.kernel_matrix), rhs, self.inverse,
-                                     self.ns_eps, self.ns_iters, self.cg_iters)
+        """``(K(q~, q~) + landmark_shift*I)^-1 rhs`` by this layer's inverse, in fp32 (fp64 stays
+        fp64): landmarks [B, h, m, d], rhs [B, h, m, k] -> [B, h, m, k] in rhs's dtype."""
+        return self._gram_solver(landmark_gram(landmarks, self._kernel), rhs)
+
+    def attend(self, q: torch.Tensor, landmarks: Optional[torch.Tensor], v: torch.Tensor,
+               queries: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The kernel attention ``y = A v`` of :meth:`attention_inputs`' q, q~ and v: Nyström
+        (:func:`nystrom_attention`) or, without landmarks, exact (:func:`exact_kernel_attention`).
+
+        q: [B, h, N, d] (the keys), landmarks: [B, h, m, d] or None, v: [B, h, N, dv], queries:
+        [B, h, Q, d] (default q) -> [B, h, Q, dv].
+        """
+        if landmarks is None:
+            return exact_kernel_attention(q, v, self._kernel, self.den_eps, queries)
+        return nystrom_attention(q, landmarks, v, self._kernel, self.landmark_solve, self.den_eps,
+                                 queries)
+
+    def attention_rows(self, q: torch.Tensor, landmarks: Optional[torch.Tensor],
+                       query_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The rows ``A_i`` that :meth:`attend` applies to v, for the queries ``q[..., query_index, :]``
+        (all when None): q [B, h, N, d], landmarks [B, h, m, d] or None -> [B, h, Q, N].
+
+        :meth:`attend` with v the identity: ``A v`` is the layer's attention output up to
+        rounding. Nyström rows sum to one but may hold small negative entries. Memory O(Q N).
+        """
+        batch, heads, num_tokens, _ = q.shape
+        identity = torch.eye(num_tokens, dtype=q.dtype, device=q.device)
+        queries = None if query_index is None else q[..., query_index, :]
+        return self.attend(q, landmarks, identity.expand(batch, heads, num_tokens, num_tokens),
+                           queries)
 
     def landmarks(self, q: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
         """q: [B, h, N, d] -> q~: [B, h, m, d], ``m = ceil(H/s) * ceil(W/s)`` (capped, see above)."""
@@ -372,11 +392,7 @@ class LaplacianAttention(nn.Module):
                              f'got {list(x.shape)}')
         check_finite_input(self, x)  # only with MMLINATTN_CHECK_FINITE=1
         q, landmarks, v = self.attention_inputs(x, hw_shape)
-        if landmarks is None:
-            y = exact_kernel_attention(q, v, self.kernel_matrix, self.den_eps)
-        else:
-            y = nystrom_attention(q, landmarks, v, self.kernel_matrix, self.landmark_solve,
-                                  self.den_eps)
+        y = self.attend(q, landmarks, v)
         y = y.transpose(1, 2).reshape(batch, num_tokens, channels).to(v.dtype)
         if self.local_conv is not None:  # v as a channels-last image [B, C, H, W]: views, no copies
             v_image = v.transpose(1, 2).reshape(batch, height, width, channels).permute(0, 3, 1, 2)

@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmlinattn.ops import check_finite_input, compute_dtype, polarity_linear_attention
+from mmlinattn.ops import (check_finite_input, compute_dtype, polarity_features,
+                           polarity_linear_attention)
 from .pos_embed import resize_pos_embed
 
 
@@ -42,12 +43,12 @@ def same_sign_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     """PolaFormer's same-sign stream alone, over all of v (the ``polarity='same'`` ablation).
 
     q: [B, h, N, d], k: [B, h, n, d], v: [B, h, n, dv], power: [1, h, 1, d] -> [B, h, N, dv].
-    With ``x+ = relu(x)^p``, ``x- = relu(-x)^p``, ``phi_s(q) = [q+, q-]``, ``phi(k) = [k+, k-]``
+    With ``x+, x- = polarity_features(x, p)``, ``phi_s(q) = [q+, q-]``, ``phi(k) = [k+, k-]``
     and ``z = mean_j phi(k_j)``: ``y = phi_s(q) (phi(k)^T v / n) / (phi_s(q).z + eps)``, the
     normalisation of :func:`mmlinattn.ops.polarity_linear_attention`'s streams.
     """
-    q_feat = torch.cat([torch.relu(q)**power, torch.relu(-q)**power], dim=-1)  # [B, h, N, 2d]
-    k_feat = torch.cat([torch.relu(k)**power, torch.relu(-k)**power], dim=-1)  # [B, h, n, 2d]
+    q_feat = torch.cat(polarity_features(q, power), dim=-1)  # [B, h, N, 2d]
+    k_feat = torch.cat(polarity_features(k, power), dim=-1)  # [B, h, n, 2d]
     num_keys = k.shape[-2]
     state = k_feat.transpose(-2, -1) @ v * (1.0 / num_keys)  # [B, h, 2d, dv]
     normaliser = q_feat @ k_feat.mean(dim=-2).unsqueeze(-1) + eps  # [B, h, N, 1]
@@ -67,9 +68,13 @@ class PolarityAttention(nn.Module):
         fused_qkvg: one ``Linear(C, 4C)`` giving q, k, v, g (Pola-Swin) instead of ``qg`` and
             ``kv`` (Pola-PVT).
         qkv_bias: bias of the input projections.
+        proj_drop: dropout after the output projection.
+
+    The attention settings, keyword-only (a backbone's ``attn_cfg``; the defaults are the official
+    model):
+
         kernel_size: of the depthwise conv on v.
         alpha: the learned power is ``1 + alpha * sigmoid(theta)``, in (1, 1 + alpha).
-        proj_drop: dropout after the output projection.
         eps: added to the normalisers of the attention.
         polarity: 'both' (same-sign and opposite-sign streams on the halves of v, the official
             model) or 'same' (the same-sign stream on all of v).
@@ -87,8 +92,9 @@ class PolarityAttention(nn.Module):
 
     def __init__(self, embed_dims: int, num_heads: int, pos_grid: Optional[Tuple[int, int]],
                  sr_ratio: int = 1, fused_qkvg: bool = False, qkv_bias: bool = True,
-                 kernel_size: int = 5, alpha: float = 4.0, proj_drop: float = 0.0, eps: float = 1e-6,
-                 polarity: str = 'both', power: str = 'learned', fixed_power: float = 3.0):
+                 proj_drop: float = 0.0, *, kernel_size: int = 5, alpha: float = 4.0,
+                 eps: float = 1e-6, polarity: str = 'both', power: str = 'learned',
+                 fixed_power: float = 3.0):
         super().__init__()
         if embed_dims % num_heads != 0 or (embed_dims // num_heads) % 2 != 0:
             raise ValueError('embed_dims / num_heads must be an even integer (v is split in two), '

@@ -18,8 +18,8 @@ static shapes: one compilation per backbone, size and phase, not timed: the firs
 compiles, the median of ``--repeats`` further calls is reported) and adds ``compiled ... ms``
 columns and eager / compiled ratios. ``--compile dynamic`` measures instead the forward of the
 graph that ``dynamic=True`` compiles (one graph for every input size; this project's backbones,
-with the inductor options of :data:`DYNAMIC_OPTIONS`; training graphs still compile per size with
-torch 2.14, so the backward is not measured), in ``dynamic fwd ms`` columns. Compiled cases report
+with the inductor options of their class attribute ``dynamic_compile_options``; training graphs
+still compile per size with torch 2.14, so the backward is not measured), in ``dynamic fwd ms`` columns. Compiled cases report
 no peak memory (the child process would compile again).
 
 ``--amp`` (CUDA only) runs every case under ``torch.autocast('cuda', dtype=torch.float16)``, as
@@ -74,28 +74,14 @@ def swin_tiny() -> nn.Module:
 # name -> factory of a randomly initialised backbone returning its multi-scale features.
 BACKBONES: Dict[str, Callable[[], nn.Module]] = {
     'LaplacianFormer-T': laplacianformer_tiny,
-    'LaplacianFormer-T paper-literal m': lambda: laplacianformer_tiny(max_landmark_grid=None),
+    'LaplacianFormer-T paper-literal m':
+        lambda: laplacianformer_tiny(attn_cfg=dict(max_landmark_grid=None)),
     'Pola-PVT-T': pola_pvt_tiny,
     'Pola-Swin-T': pola_swin_tiny,
     'PVT-T (mmdet)': pvt_tiny,
     'Swin-T (mmdet)': swin_tiny,
 }
 PHASES = ('fwd', 'fwd+bwd')
-# The inductor options that torch.compile(backbone, dynamic=True) needs, by backbone class (torch
-# 2.14.1; tests/test_compile_export.py compiles each family with them). LaplacianFormer's graph
-# returns views whose strides are FloorDiv expressions of H and W (the landmark grid): inductor
-# orders such strides without a shape env and fails (`cannot determine truth value of Relational:
-# 32*((...)//8)*((...)//8) < 1`) unless it keeps their exact strides (strict_output_strides).
-# Pola-Swin needs none since PatchMerging pads with floor division (pad_to_multiple): with `H % 2`
-# the sizes of stages 3-4 were nested Mods, on which inductor's C++ backend, choosing the loops to
-# vectorise, ran sympy.simplify for every stride (cpp.py TilingSelect -> sizevars.stride_at); that
-# compile was stopped after 6 minutes. Now it takes ~7 min on 2 CPU cores (tests' small model); with
-# {'cpp.simdlen': 1} (scalar C++ loops) ~70 s, but that graph runs ~2.4x slower than eager.
-DYNAMIC_OPTIONS: Dict[str, Optional[dict]] = {
-    'LaplacianFormer': {'strict_output_strides': True},
-    'PolaPVT': None,
-    'PolaSwin': None,
-}
 OURS = [name for name in BACKBONES if not name.endswith('(mmdet)')]
 COMPILE_MODES = {'static': 'compiled', 'dynamic': 'dynamic'}  # --compile mode -> phase prefix
 COMPILED_PHASES = {'static': PHASES, 'dynamic': ('fwd', )}  # dynamic: training graphs recompile
@@ -112,7 +98,7 @@ def _callable(model_name: str, size, phase: str, device: str,
     model = BACKBONES[model_name]().to(device)
     if compile_mode == 'dynamic':
         run = torch.compile(model, fullgraph=True, dynamic=True,
-                            options=DYNAMIC_OPTIONS[type(model).__name__])
+                            options=model.dynamic_compile_options)
     elif compile_mode == 'static':
         run = torch.compile(model, fullgraph=True, dynamic=False)
     else:
@@ -154,7 +140,7 @@ def cases(device: str, compile_mode: Optional[str] = None, amp: bool = False) ->
     """Every (backbone, size, phase); the warm-up is the same backbone at 64x64. ``compile_mode``
     'static': the same under torch.compile, phases named ``compiled fwd`` / ``compiled fwd+bwd``;
     'dynamic': the forward of this project's backbones compiled with ``dynamic=True`` and their
-    :data:`DYNAMIC_OPTIONS`, phase ``dynamic fwd``."""
+    ``dynamic_compile_options``, phase ``dynamic fwd``."""
     prefix = f'{COMPILE_MODES[compile_mode]} ' if compile_mode else ''
     models = OURS if compile_mode == 'dynamic' else list(BACKBONES)
     phases = COMPILED_PHASES[compile_mode] if compile_mode else PHASES
@@ -251,10 +237,11 @@ def summarise(results: Dict[str, BackboneMeasurement], device: str, amp: bool = 
         notes.append('compiled: torch.compile(model, fullgraph=True, dynamic=False), inductor; '
                      'the compilation is not timed; eager / compiled > 1: compiled is faster.')
     if 'dynamic' in modes:
+        from mmlinattn.models.backbones import LaplacianFormer, PolaPVT, PolaSwin
         notes.append('dynamic: torch.compile(model, fullgraph=True, dynamic=True, options=...), '
                      'one graph for every input size, forward only; options by backbone class: '
-                     + '; '.join(f'{name} {options}' for name, options in DYNAMIC_OPTIONS.items())
-                     + '.')
+                     + '; '.join(f'{cls.__name__} {cls.dynamic_compile_options}'
+                                 for cls in (LaplacianFormer, PolaPVT, PolaSwin)) + '.')
     if not all(r.peak_exact for r in results.values()):
         notes.append('CPU peak memory is a lower bound here: the kernel refused to reset the '
                      'high-water mark (/proc/self/clear_refs).')

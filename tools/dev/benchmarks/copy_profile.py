@@ -20,7 +20,7 @@ def main() -> None:
     parser.add_argument('--label', default='', help='a name for this run in the JSON line')
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = LaplacianFormer(arch='tiny', max_landmark_grid=7).eval()
+    model = LaplacianFormer(arch='tiny').eval()
     image = torch.randn(1, 3, args.size, args.size)
     with torch.no_grad():
         model(image)

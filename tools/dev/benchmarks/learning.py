@@ -43,12 +43,12 @@ POLA_PVT = os.path.join(CONFIGS, 'pola_pvt_tiny_8xb128_in1k.py')
 # name -> (config, backbone overrides, or a replacement backbone with its head width)
 MODELS: Dict[str, dict] = {
     'LaplacianFormer-T (Laplacian, lam 4)': dict(config=LAPLACIAN, backbone=dict()),
-    'LaplacianFormer-T lam 1': dict(config=LAPLACIAN, backbone=dict(lam=1.0)),
-    'LaplacianFormer-T lam 16': dict(config=LAPLACIAN, backbone=dict(lam=16.0)),
-    'LaplacianFormer-T Gaussian kernel': dict(config=LAPLACIAN, backbone=dict(kernel='gaussian')),
+    'LaplacianFormer-T lam 1': dict(config=LAPLACIAN, backbone=dict(attn_cfg=dict(lam=1.0))),
+    'LaplacianFormer-T lam 16': dict(config=LAPLACIAN, backbone=dict(attn_cfg=dict(lam=16.0))),
+    'LaplacianFormer-T Gaussian kernel': dict(config=LAPLACIAN, backbone=dict(attn_cfg=dict(kernel='gaussian'))),
     'Pola-PVT-T': dict(config=POLA_PVT, backbone=dict()),
-    'Pola-PVT-T polarity=same': dict(config=POLA_PVT, backbone=dict(polarity='same')),
-    'Pola-PVT-T power=fixed': dict(config=POLA_PVT, backbone=dict(power='fixed')),
+    'Pola-PVT-T polarity=same': dict(config=POLA_PVT, backbone=dict(attn_cfg=dict(polarity='same'))),
+    'Pola-PVT-T power=fixed': dict(config=POLA_PVT, backbone=dict(attn_cfg=dict(power='fixed'))),
     'PVT-T (mmdet, softmax)': dict(config=POLA_PVT, replace_backbone=dict(
         type='mmdet.PyramidVisionTransformer', num_layers=[2, 2, 2, 2], out_indices=(3, )),
         head_channels=512),

@@ -104,7 +104,7 @@ def model_cases(config: str, checkpoint: Optional[str], img: Optional[str], img_
                 rhs = cross.transpose(-2, -1) @ values  # C^T [v, 1]
             by_stage.setdefault(key, []).append(gram.flatten(0, 1))
             rhs_by_stage.setdefault(key, []).append(rhs.flatten(0, 1))
-            shifts[key] = module.ns_eps
+            shifts[key] = module.landmark_shift
     return [SolverCase(f'LaplacianFormer-T {key}', 'model', torch.cat(by_stage[key]),
                        torch.cat(rhs_by_stage[key]), shifts[key]) for key in by_stage]
 
