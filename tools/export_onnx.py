@@ -37,7 +37,6 @@
   abs difference per output and exits with 1 if any exceeds ``--atol`` or a shape differs.
 """
 import argparse
-import contextlib
 import os
 import os.path as osp
 import sys
@@ -48,23 +47,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from mmlinattn.ops.dispatch import forced
+
 from analysis.model_loading import build_backbone, build_classifier, load_config
 
 OPSET = {'dynamo': 18, 'torchscript': 17}
-
-
-@contextlib.contextmanager
-def reference_ops():
-    """The custom ops run their pure-PyTorch references inside (``MMLINATTN_OPS=reference``)."""
-    previous = os.environ.get('MMLINATTN_OPS')
-    os.environ['MMLINATTN_OPS'] = 'reference'
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ['MMLINATTN_OPS']
-        else:
-            os.environ['MMLINATTN_OPS'] = previous
 
 
 class ClassifierLogits(nn.Module):
@@ -142,7 +129,7 @@ def export(model: nn.Module,
     example = torch.zeros(1, 3, *shape)
     opset = opset or OPSET[exporter]
     os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
-    with reference_ops(), torch.no_grad(), warnings.catch_warnings():
+    with forced('reference'), torch.no_grad(), warnings.catch_warnings():
         if exporter == 'dynamo':
             torch.onnx.export(model, (example, ), path, dynamo=True, opset_version=opset,
                               input_names=['image'], output_names=list(output_names),
@@ -173,7 +160,7 @@ def compare(model: nn.Module,
     results = []
     for shape in shapes:
         image = torch.randn(batch, 3, *shape, generator=torch.Generator().manual_seed(seed))
-        with reference_ops(), torch.no_grad():
+        with forced('reference'), torch.no_grad():
             expected = model(image)
         expected = [expected] if isinstance(expected, torch.Tensor) else list(expected)
         got = session.run(None, {'image': image.numpy()})

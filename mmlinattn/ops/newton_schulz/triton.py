@@ -145,24 +145,42 @@ def _square(r):
 
 
 @triton.jit
-def _newton_schulz_forward_kernel(a_ptr, v_ptr, residual_ptr, M, eps, n_products, u, sqrt_m,
-                                  WITH_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
-    matrix = tl.program_id(0).to(tl.int64) * M * M
+def _start(a_ptr, M, eps, BLOCK: tl.constexpr):
+    """I, P = a + eps*I, 1/s with s = ||P||_inf, V_0 = I/s and R_0 = I - P/s."""
     eye = _identity(M, BLOCK)
-    p = _shifted(a_ptr + matrix, M, eps, BLOCK)
+    p = _shifted(a_ptr, M, eps, BLOCK)
     _, s = _row_sums_and_norm(p)
     inv = 1 / s
-    v = eye * inv
-    r = eye - p * inv
-    t = 0
-    going = _keeps_going(r, u) & (t < n_products)
+    return eye, p, inv, eye * inv, eye - p * inv
+
+
+@triton.jit
+def _product_steps(v, r, u, n_products, history, M, BLOCK: tl.constexpr,
+                   KEEP_HISTORY: tl.constexpr):
+    """Up to ``n_products`` steps V <- V + V R, R <- R R, stopping once ||R||_inf <= u; with
+    KEEP_HISTORY, V_t and R_t of step t are written to history + (2t, 2t+1) * M*M. Returns the
+    last V and the number of steps taken."""
+    k = 0
+    going = _keeps_going(r, u) & (k < n_products)
     while going:
+        if KEEP_HISTORY:
+            _store(history + (2 * k) * M * M, v, M, BLOCK)
+            _store(history + (2 * k + 1) * M * M, r, M, BLOCK)
         v = _product_step(v, r)
-        t += 1
-        going = t < n_products
+        k += 1
+        going = k < n_products
         if going:
             r = _square(r)
             going = _keeps_going(r, u)
+    return v, k
+
+
+@triton.jit
+def _newton_schulz_forward_kernel(a_ptr, v_ptr, residual_ptr, M, eps, n_products, u, sqrt_m,
+                                  WITH_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    matrix = tl.program_id(0).to(tl.int64) * M * M
+    eye, p, inv, v, r = _start(a_ptr + matrix, M, eps, BLOCK)
+    v, _ = _product_steps(v, r, u, n_products, v_ptr, M, BLOCK, KEEP_HISTORY=False)
     v = 2 * v - tl.dot(tl.dot(v, p, input_precision="ieee"), v, input_precision="ieee")
     _store(v_ptr + matrix, v, M, BLOCK)
     if WITH_RESIDUAL:
@@ -177,24 +195,9 @@ def _newton_schulz_backward_kernel(grad_ptr, a_ptr, grad_a_ptr, history_ptr, M, 
     matrix = tl.program_id(0).to(tl.int64) * M * M
     # V_t, R_t of step t at history + (2t, 2t+1) * M*M, this matrix's n_products pairs
     history = history_ptr + tl.program_id(0).to(tl.int64) * n_products * 2 * M * M
-    eye = _identity(M, BLOCK)
-    p = _shifted(a_ptr + matrix, M, eps, BLOCK)
-    _, s = _row_sums_and_norm(p)
-    inv = 1 / s
-    v = eye * inv
-    r = eye - p * inv
+    eye, p, inv, v, r = _start(a_ptr + matrix, M, eps, BLOCK)
     # the forward's steps, bit for bit (the same code), keeping what the reverse pass reads
-    k = 0
-    going = _keeps_going(r, u) & (k < n_products)
-    while going:
-        _store(history + (2 * k) * M * M, v, M, BLOCK)
-        _store(history + (2 * k + 1) * M * M, r, M, BLOCK)
-        v = _product_step(v, r)
-        k += 1
-        going = k < n_products
-        if going:
-            r = _square(r)
-            going = _keeps_going(r, u)
+    v, k = _product_steps(v, r, u, n_products, history, M, BLOCK, KEEP_HISTORY=True)
     # closing step V = 2 V_k - (V_k P) V_k: dP = -V_k^T G V_k^T, G_k = 2G - G T^T - P^T V_k^T G
     g = _load(grad_ptr + matrix, M, BLOCK)
     v_t = tl.trans(v)
