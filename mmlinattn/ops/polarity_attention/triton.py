@@ -46,6 +46,16 @@ _TILES = dict(BLOCK_T=TOKEN_TILE, BLOCK_D=CHANNEL_TILE, BLOCK_C=COLUMN_TILE)
 
 
 @triton.jit
+def _token_tile(tokens, BLOCK_T: tl.constexpr):
+    """This program's (batch*head) index, the global rows of its token tile and their mask, for
+    a grid whose axis 0 is (batch*head) x token tiles."""
+    tiles = tl.cdiv(tokens, BLOCK_T)
+    bh = tl.program_id(0) // tiles
+    t = (tl.program_id(0) % tiles) * BLOCK_T + tl.arange(0, BLOCK_T)
+    return bh, bh.to(tl.int64) * tokens + t, t < tokens
+
+
+@triton.jit
 def _load_features(x_ptr, p_ptr, head, rows, t_mask, channels, c_mask, d):
     """x [T, D] (fp32), p [D] and a = |x|^p = exp2(p log2|x|) for the token rows and channels of
     one tile: a = 0 at x = 0 (p > 0) and at masked entries, NaN for a NaN x."""
@@ -121,12 +131,7 @@ def _feature_matmul_kernel(x_ptr, p_ptr, mat_ptr, out_ptr, den_ptr, heads, token
     SAVED_DEN (query backward): den is read from den_ptr, as the forward stored it.
     Grid (bh * token tiles, column tiles of dv); the channels are the loop.
     """
-    tiles = tl.cdiv(tokens, BLOCK_T)
-    pid = tl.program_id(0)
-    bh = pid // tiles
-    t = (pid % tiles) * BLOCK_T + tl.arange(0, BLOCK_T)
-    t_mask = t < tokens
-    rows = bh.to(tl.int64) * tokens + t
+    bh, rows, t_mask = _token_tile(tokens, BLOCK_T)
     col_idx = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_mask = col_idx < dv
     mat = mat_ptr + bh.to(tl.int64) * 2 * d * mat_cols
@@ -200,12 +205,7 @@ def _feature_grad_kernel(x_ptr, p_ptr, w_ptr, den_ptr, den_grad_ptr, mat_ptr, dx
 
     Grid (bh * token tiles, channel tiles); the columns are the loop. x = 0 gives 0 (as autograd).
     """
-    tiles = tl.cdiv(tokens, BLOCK_T)
-    pid = tl.program_id(0)
-    bh = pid // tiles
-    t = (pid % tiles) * BLOCK_T + tl.arange(0, BLOCK_T)
-    t_mask = t < tokens
-    rows = bh.to(tl.int64) * tokens + t
+    bh, rows, t_mask = _token_tile(tokens, BLOCK_T)
     channels = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     c_mask = channels < d
     x, p, a = _load_features(x_ptr, p_ptr, bh % heads, rows, t_mask, channels, c_mask, d)
@@ -230,7 +230,7 @@ def _feature_grad_kernel(x_ptr, p_ptr, w_ptr, den_ptr, den_grad_ptr, mat_ptr, dx
     tl.store(dx_ptr + rows[:, None] * d + channels[None, :], dx.to(dx_ptr.dtype.element_ty),
              mask=t_mask[:, None] & c_mask[None, :])
     dpower = tl.sum(tl.where(nonzero, da * a * tl.log(ax), 0.0), axis=0)
-    tl.store(power_partial_ptr + pid.to(tl.int64) * d + channels, dpower, mask=c_mask)
+    tl.store(power_partial_ptr + tl.program_id(0).to(tl.int64) * d + channels, dpower, mask=c_mask)
 
 
 def _num_chunks(tokens: int) -> int:
