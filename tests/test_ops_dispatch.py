@@ -214,3 +214,18 @@ import sys
 import mmlinattn
 assert 'mmlinattn.ops.laplacian_kernel.triton' not in sys.modules
 """)
+
+
+@pytest.mark.parametrize('before', [None, 'compiled'])
+def test_forced_restores_the_mode(monkeypatch, before):
+    """export_onnx and the self-test rely on ``forced`` putting MMLINATTN_OPS back, also when
+    the body raises."""
+    if before is None:
+        monkeypatch.delenv('MMLINATTN_OPS', raising=False)
+    else:
+        monkeypatch.setenv('MMLINATTN_OPS', before)
+    with pytest.raises(KeyError):
+        with dispatch.forced('reference'):
+            assert os.environ['MMLINATTN_OPS'] == 'reference'
+            raise KeyError('body failed')
+    assert os.environ.get('MMLINATTN_OPS') == before

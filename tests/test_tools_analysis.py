@@ -343,14 +343,6 @@ def test_onnx_report_fails_above_tolerance(capsys):
     assert tool.report(rows[1:], atol=1e-4) == 0
 
 
-def test_export_restores_the_ops_mode(monkeypatch):
-    tool = _load_tool('export_onnx')
-    monkeypatch.setenv('MMLINATTN_OPS', 'compiled')
-    with tool.reference_ops():
-        assert os.environ['MMLINATTN_OPS'] == 'reference'
-    assert os.environ['MMLINATTN_OPS'] == 'compiled'
-
-
 # ---------------------------------------------------------------- benchmark plot
 
 
