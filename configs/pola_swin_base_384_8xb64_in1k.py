@@ -12,6 +12,7 @@ _base_ = [
     './_base_/plugin.py',
     './_base_/optimizers.py',
 ]
+default_hooks = dict(safe_checkpoint_loading={{_base_.safe_checkpoint_loading_hook}})
 model = dict(
     backbone=dict(
         _delete_=True,

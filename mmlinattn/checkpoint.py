@@ -13,9 +13,12 @@ Other schemes (``http://``, ``open-mmlab://``, ...) go through mmengine's loader
 they are refused on torch < 2.6, where that loader would unpickle fully (also inside
 :func:`safe_checkpoint_loading`).
 
-:func:`safe_checkpoint_loading` makes mmengine's own loading (the Runner's resume and ``load_from``,
-``load_checkpoint``) use the same policy inside a ``with`` block; the plugin's tools run in one.
-``import mmlinattn`` changes neither mmengine's loader nor torch's allow-list.
+:func:`safe_checkpoint_loading` makes mmengine's own loading (``load_checkpoint``, a Runner's resume
+and ``load_from``) use the same policy inside a ``with`` block;
+:class:`mmlinattn.hooks.SafeCheckpointLoadingHook` runs each of a runner's loads in one, which is how
+every OpenMMLab tool (the plugin's and mmdet's, mmseg's, mmpretrain's stock ones) reads checkpoints
+with the project's configs. ``import mmlinattn`` changes neither mmengine's loader nor torch's
+allow-list.
 """
 import contextlib
 import logging
@@ -42,8 +45,11 @@ _SAFE_GLOBALS = getattr(torch.serialization, 'safe_globals', None)
 # before, they would unpickle fully, so remote files are refused there.
 _REMOTE_LOADS_WEIGHTS_ONLY = TorchVersion(torch.__version__) >= (2, 6)
 
-OPT_IN = ('If you trust the file, load it with --unsafe-trust-checkpoint (tools/train.py, test.py, '
-          'convert_checkpoint.py) or unsafe_trust_checkpoint=True (a Pretrained init_cfg, '
+OPT_IN = ('If you trust the file, load it with --unsafe-trust-checkpoint (mmlinattn\'s tools/train.py, '
+          'test.py, convert_checkpoint.py), --cfg-options '
+          'default_hooks.safe_checkpoint_loading.unsafe_trust_checkpoint=True (any OpenMMLab '
+          'tools/train.py or test.py with a config that inherits mmlinattn\'s) or '
+          'unsafe_trust_checkpoint=True (a Pretrained init_cfg, '
           'mmlinattn.checkpoint.load_checkpoint_file).')
 
 

@@ -1,9 +1,11 @@
-"""The plugin's model registry.
+"""The plugin's registries.
 
-A child of mmengine's root ``MODELS`` with scope ``mmlinattn``, so that mmdet, mmseg and mmpretrain
-configs (whose registries are siblings under the same root) build ``type='mmlinattn.X'``.
+Children of mmengine's root ``MODELS`` and ``HOOKS`` with scope ``mmlinattn``, so that mmdet, mmseg and
+mmpretrain configs (whose registries are siblings under the same roots) build ``type='mmlinattn.X'``.
 """
+from mmengine.registry import HOOKS as MMENGINE_HOOKS
 from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import Registry
 
 MODELS = Registry('model', parent=MMENGINE_MODELS, scope='mmlinattn', locations=['mmlinattn.models'])
+HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope='mmlinattn', locations=['mmlinattn.hooks'])

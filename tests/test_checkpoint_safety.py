@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 import torch
 from mmengine.logging import HistoryBuffer, MessageHub, MMLogger
+from mmengine.model import BaseModel
+from mmengine.runner import Runner
 from mmengine.runner.checkpoint import CheckpointLoader, load_checkpoint
 
 import convert_checkpoint  # tools/ (pytest.ini puts it on sys.path)
@@ -166,20 +168,73 @@ def test_tools_test_refuses_code_and_names_the_opt_in(tmp_path):
     assert marker.exists()  # the flag unpickled that file fully, as asked
 
 
-def test_the_tools_trust_only_the_checkpoint_the_run_loads(tmp_path):
+class TinyModel(BaseModel):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 2)
+
+    def forward(self, inputs, data_samples=None, mode='tensor'):
+        return self.linear(inputs)
+
+
+def hooked_runner(tmp_path, **hook_args):
+    """A runner whose config names the hook as configs/_base_/plugin.py does, after before_run."""
+    runner = Runner(model=TinyModel(), work_dir=str(tmp_path / 'work'), default_hooks=dict(
+        safe_checkpoint_loading=dict(type='mmlinattn.SafeCheckpointLoadingHook', **hook_args)))
+    runner.call_hook('before_run')
+    return runner
+
+
+def test_hook_makes_the_runner_refuse_code_and_load_its_own_checkpoints(tmp_path):
+    path, marker = save_malicious(tmp_path)
+    runner = hooked_runner(tmp_path)
+    schemes = dict(CheckpointLoader._schemes)
+    with pytest.raises(UnsafeCheckpointError, match=OPT_IN_MESSAGE) as refused:
+        runner.load_checkpoint(path)
+    assert 'default_hooks.safe_checkpoint_loading.unsafe_trust_checkpoint=True' in str(refused.value)
+    assert not marker.exists()
+    assert CheckpointLoader._schemes == schemes  # only the runner's loads changed, and only while loading
+
+    # a runner's checkpoint (message hub with HistoryBuffer) loads exactly; a second run keeps one wrapper
+    own = tmp_path / 'own.pth'
+    weights = {k: torch.randn_like(v) for k, v in runner.model.state_dict().items()}
+    hub = MessageHub('own')
+    hub.update_scalar('train/loss', 0.5)
+    torch.save(dict(state_dict=weights, message_hub=hub.state_dict()), own)
+    runner.call_hook('before_run')
+    checkpoint = runner.load_checkpoint(str(own))
+    assert isinstance(checkpoint['message_hub']['log_scalars']['train/loss'], HistoryBuffer)
+    torch.testing.assert_close(runner.model.state_dict(), weights, rtol=0, atol=0)
+    assert runner.load_checkpoint.__wrapped__.__func__ is Runner.load_checkpoint
+
+
+def test_hook_opt_in_unpickles_fully_and_is_a_bool(tmp_path):
+    path, marker = save_malicious(tmp_path)
+    runner = hooked_runner(tmp_path, unsafe_trust_checkpoint=True)
+    with mmengine_log() as messages:  # the runner's logger is the current one from here on
+        runner.load_checkpoint(path)
+    assert marker.exists()  # the opt-in unpickled the file fully, as asked
+    assert f'mmlinattn: fully unpickling {path} (unsafe_trust_checkpoint): it can run any code it ' \
+        'holds' in messages
+    with pytest.raises(ValueError, match="unsafe_trust_checkpoint must be True or False, got 'yes'"):
+        hooked_runner(tmp_path, unsafe_trust_checkpoint='yes')
+
+
+def test_the_tools_add_the_hook_and_its_opt_in(tmp_path):
     from mmengine.config import Config
 
-    from _common import trusted_checkpoint
-    (tmp_path / 'iter_4.pth').touch()
-    (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'iter_4.pth'))
-    trusting, not_trusting = argparse.Namespace(unsafe_trust_checkpoint=True), \
-        argparse.Namespace(unsafe_trust_checkpoint=False)
-    assert trusted_checkpoint(not_trusting, Config(dict(load_from='a.pth'))) is None
-    assert trusted_checkpoint(trusting, Config(dict(load_from='a.pth', resume=True))) == 'a.pth'
-    assert trusted_checkpoint(trusting, Config(dict(load_from=None, resume=True,
-                                                    work_dir=str(tmp_path)))) == str(tmp_path / 'iter_4.pth')
+    from _common import use_safe_checkpoint_loading
+    hook = dict(type='mmlinattn.SafeCheckpointLoadingHook')
+    foreign = Config(dict(load_from='a.pth', default_hooks=dict(logger=dict(type='LoggerHook'))))
+    use_safe_checkpoint_loading(foreign, unsafe_trust_checkpoint=False)
+    assert foreign.default_hooks == dict(logger=dict(type='LoggerHook'), safe_checkpoint_loading=hook)
+    ours = Config.fromfile(os.path.join(ROOT, CLS_CONFIG))
+    assert ours.default_hooks.safe_checkpoint_loading == hook  # from configs/_base_/plugin.py
+    ours.resume = True
+    use_safe_checkpoint_loading(ours, unsafe_trust_checkpoint=True)
+    assert ours.default_hooks.safe_checkpoint_loading == dict(hook, unsafe_trust_checkpoint=True)
     with pytest.raises(SystemExit, match='--unsafe-trust-checkpoint: this run loads no checkpoint'):
-        trusted_checkpoint(trusting, Config(dict(load_from=None, resume=False, work_dir=str(tmp_path))))
+        use_safe_checkpoint_loading(Config(dict(load_from=None, resume=False)), True)
 
 
 # ---- foreign objects beside the weights ----------------------------------------------------------

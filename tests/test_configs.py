@@ -58,6 +58,8 @@ def test_config_declares_plugin_and_backbone(path):
     assert 'mmlinattn' in cfg.custom_imports['imports']
     assert cfg.custom_imports.get('allow_failed_imports') is False
     assert cfg.model.backbone.type.startswith('mmlinattn.'), cfg.model.backbone.type
+    # the stock tools load this config's checkpoints through the plugin's safe loader
+    assert cfg.default_hooks.safe_checkpoint_loading == dict(type='mmlinattn.SafeCheckpointLoadingHook')
 
 
 # ---------------------------------------------------------------- synthetic batches

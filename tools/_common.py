@@ -13,6 +13,7 @@ from mmengine.config import Config, DictAction
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS_DIR = osp.join(REPO_ROOT, 'configs')
 SUPPORTED_SCOPES = ('mmdet', 'mmseg', 'mmpretrain')
+SAFE_LOADING_HOOK = 'safe_checkpoint_loading'  # its key in configs/_base_/plugin.py's default_hooks
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
@@ -126,30 +127,29 @@ def check_data_roots(cfg: Config, splits) -> None:
                 'set with --toy-data (after `python tools/dev/make_toy_data.py`).')
 
 
-def trusted_checkpoint(args, cfg: Config):
-    """The file --unsafe-trust-checkpoint trusts: load_from, or the latest checkpoint --resume finds."""
-    if not args.unsafe_trust_checkpoint:
-        return None
-    checkpoint = cfg.get('load_from')
-    if checkpoint is None and cfg.get('resume'):
-        from mmengine.runner import find_latest_checkpoint
-        checkpoint = find_latest_checkpoint(cfg.work_dir)
-    if checkpoint is None:
+def use_safe_checkpoint_loading(cfg: Config, unsafe_trust_checkpoint: bool) -> None:
+    """Every checkpoint the run loads (load_from, resume) goes through
+    :class:`mmlinattn.hooks.SafeCheckpointLoadingHook`, the one loading path of the stock tools as
+    well: the project's configs name it in ``default_hooks``; any other config gets it here.
+    ``unsafe_trust_checkpoint`` (--unsafe-trust-checkpoint) sets the hook's opt-in."""
+    if unsafe_trust_checkpoint and not (cfg.get('load_from') or cfg.get('resume')):
         raise SystemExit('error: --unsafe-trust-checkpoint: this run loads no checkpoint (give '
-                         '--resume FILE, or a work dir with one, or load_from)')
-    return checkpoint
+                         '--resume [FILE] or load_from)')
+    if cfg.get('default_hooks') is None:
+        cfg.default_hooks = {}
+    hook = cfg.default_hooks.get(SAFE_LOADING_HOOK) or dict(type='mmlinattn.SafeCheckpointLoadingHook')
+    if unsafe_trust_checkpoint:
+        hook['unsafe_trust_checkpoint'] = True
+    cfg.default_hooks[SAFE_LOADING_HOOK] = hook
 
 
 @contextlib.contextmanager
-def checkpoint_loading(args, cfg: Config):
-    """The tools' process loads checkpoints (the Runner's resume and load_from, init_cfg
-    Pretrained of any model) with mmlinattn's policy while the block runs
-    (:func:`mmlinattn.checkpoint.safe_checkpoint_loading`); a refused file ends the command with
-    the reason and the opt-in."""
-    from mmlinattn.checkpoint import UnsafeCheckpointError, safe_checkpoint_loading
+def refused_checkpoint_ends_the_command():
+    """A checkpoint the hook refuses ends the command with the reason and the opt-in, not a
+    traceback."""
+    from mmlinattn.checkpoint import UnsafeCheckpointError
     try:
-        with safe_checkpoint_loading(trusted_checkpoint(args, cfg)):
-            yield
+        yield
     except UnsafeCheckpointError as err:
         raise SystemExit(f'error: {err}') from None
 

@@ -9,8 +9,8 @@ import argparse
 import json
 import os.path as osp
 
-from _common import (add_common_args, build_runner, check_data_roots, checkpoint_loading,
-                     close_distributed, load_config)
+from _common import (add_common_args, build_runner, check_data_roots, close_distributed,
+                     load_config, refused_checkpoint_ends_the_command, use_safe_checkpoint_loading)
 
 
 def parse_args(argv=None):
@@ -51,7 +51,8 @@ def main(argv=None):
     if args.show_dir:
         enable_show_dir(cfg, args.show_dir)
     check_data_roots(cfg, ('test',))
-    with checkpoint_loading(args, cfg):
+    use_safe_checkpoint_loading(cfg, args.unsafe_trust_checkpoint)
+    with refused_checkpoint_ends_the_command():
         runner = build_runner(cfg)
         metrics = runner.test()
     close_distributed()

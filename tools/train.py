@@ -9,8 +9,8 @@
 """
 import argparse
 
-from _common import (add_common_args, build_runner, check_data_roots, checkpoint_loading,
-                     close_distributed, load_config)
+from _common import (add_common_args, build_runner, check_data_roots, close_distributed,
+                     load_config, refused_checkpoint_ends_the_command, use_safe_checkpoint_loading)
 
 
 def parse_args(argv=None):
@@ -52,7 +52,8 @@ def main(argv=None):
     elif args.resume is not None:
         cfg.resume, cfg.load_from = True, args.resume
     check_data_roots(cfg, ('train', 'val'))
-    with checkpoint_loading(args, cfg):
+    use_safe_checkpoint_loading(cfg, args.unsafe_trust_checkpoint)
+    with refused_checkpoint_ends_the_command():
         runner = build_runner(cfg)
         runner.train()
     close_distributed()

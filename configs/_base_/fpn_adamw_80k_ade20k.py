@@ -9,6 +9,7 @@ _base_ = [
     './plugin.py',
     './optimizers.py',
 ]
+default_hooks = dict(safe_checkpoint_loading={{_base_.safe_checkpoint_loading_hook}})
 crop_size = (512, 512)
 data_preprocessor = dict(size=crop_size)
 model = dict(

@@ -9,6 +9,7 @@ _base_ = [
     './plugin.py',
     './optimizers.py',
 ]
+default_hooks = dict(safe_checkpoint_loading={{_base_.safe_checkpoint_loading_hook}})
 train_dataloader = dict(batch_size=128)
 val_dataloader = dict(batch_size=128)
 test_dataloader = val_dataloader

@@ -8,6 +8,7 @@ _base_ = [
     './plugin.py',
     './optimizers.py',
 ]
+default_hooks = dict(safe_checkpoint_loading={{_base_.safe_checkpoint_loading_hook}})
 train_dataloader = dict(batch_size=2, num_workers=2)
 optim_wrapper = dict(
     _delete_=True,
