@@ -2,7 +2,12 @@
 top-level ``tests`` package, which an importable ``tests/__init__.py`` here would shadow. pytest.ini's
 ``pythonpath`` puts the checkout and ``tools/`` on ``sys.path``, so the tests import the tools' modules
 as the tools do (``analysis``, ``_toy_overlay``) and the developers' ones as ``dev.*``."""
+import os
+import sys
+
 import pytest
+
+from e2e_utils import ROOT, run_checked
 
 
 def needs_compiled_ops(item) -> bool:
@@ -50,3 +55,24 @@ def isolated_default_scope():
     saved = DefaultScope._instance_dict.copy()
     yield
     DefaultScope._instance_dict = saved
+
+
+@pytest.fixture(scope='session')
+def installed_wheel(tmp_path_factory):
+    """mmlinattn as a user installs a release: a wheel built from the sdist (CPU kernels; the CUDA
+    ones take minutes to compile), installed with ``pip --target`` into a folder outside the checkout.
+    Returns ``(site, build log)``; put ``site`` first on ``PYTHONPATH`` to use it."""
+    tmp = tmp_path_factory.mktemp('wheel')
+    env = dict(os.environ, MAX_JOBS=os.environ.get('MAX_JOBS', '2'))
+    env.pop('PYTHONPATH', None)
+    env.pop('FORCE_CUDA', None)
+    dist, wheels, site = tmp / 'dist', tmp / 'wheels', tmp / 'site'
+    run_checked([sys.executable, 'setup.py', '-q', 'egg_info', '--egg-base', str(tmp),
+                 'sdist', '--dist-dir', str(dist)], cwd=ROOT, env=env)
+    sdist, = dist.glob('mmlinattn-*.tar.gz')
+    log = run_checked([sys.executable, '-m', 'pip', 'wheel', '-v', '--no-build-isolation', '--no-deps',
+                       '-w', str(wheels), str(sdist)], cwd=tmp, env=env)
+    wheel, = wheels.glob('mmlinattn-*.whl')
+    run_checked([sys.executable, '-m', 'pip', 'install', '--no-deps', '--target', str(site), str(wheel)],
+                cwd=tmp, env=env)
+    return site, log

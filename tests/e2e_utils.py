@@ -19,6 +19,15 @@ SMALL_MASK_RCNN = {'model.train_cfg.rcnn.sampler.num': 128, 'model.test_cfg.rpn.
                    'model.test_cfg.rcnn.max_per_img': 20, 'model.test_cfg.rcnn.score_thr': 0.0}
 
 
+def run_checked(args, cwd, env, timeout=1800) -> str:
+    """Run a command; its output (stdout and stderr), or the test fails showing its tail."""
+    proc = subprocess.run(args, cwd=cwd, env=env, timeout=timeout, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        pytest.fail(f'{" ".join(map(str, args))} exited with {proc.returncode}:\n{proc.stdout[-6000:]}')
+    return proc.stdout
+
+
 def run(args, timeout=1800, expect_ok=True, env=None, interpreter=(sys.executable, )):
     """Run ``python *args`` (or ``interpreter *args``) in the repo root; return the completed process
     (stdout+stderr in .output)."""

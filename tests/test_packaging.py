@@ -13,6 +13,7 @@ import textwrap
 import pytest
 import torch
 
+from e2e_utils import run_checked as _run
 from mmlinattn.configs import config_dir, config_path, list_configs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,14 +36,6 @@ def test_config_path_finds_every_shipped_config():
 def test_config_path_rejects_bad_names(name, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         config_path(name)
-
-
-def _run(args, cwd, env, timeout=1800):
-    proc = subprocess.run(args, cwd=cwd, env=env, timeout=timeout, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        pytest.fail(f'{" ".join(map(str, args))} exited with {proc.returncode}:\n{proc.stdout[-6000:]}')
-    return proc.stdout
 
 
 USER_TOOLS = ('train.py', 'test.py', 'dist_train.sh', 'dist_test.sh', 'get_flops.py',
@@ -95,6 +88,8 @@ USER_SCRIPT = textwrap.dedent('''
     assert any(r.startswith('mmengine') for r in requires), requires
 
     assert Config.fromfile('my_mask_rcnn_abs.py').model == Config.fromfile('my_mask_rcnn.py').model
+    assert Config.fromfile('my_read_base.py').model.to_dict() == \
+        Config.fromfile('my_mask_rcnn.py').model.to_dict()  # read_base() from the installed package
     cfg = Config.fromfile('my_mask_rcnn.py')
     assert cfg.model.backbone.type == 'mmlinattn.LaplacianFormer', cfg.model.backbone
     assert cfg.model.backbone.drop_path_rate == 0.2  # the user's override
@@ -118,28 +113,21 @@ USER_SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.slow
-def test_wheel_installed_outside_checkout_serves_user_config(tmp_path):
+def test_wheel_installed_outside_checkout_serves_user_config(installed_wheel, tmp_path):
+    site, log = installed_wheel
     env = dict(os.environ, MAX_JOBS=os.environ.get('MAX_JOBS', '2'))
     env.pop('PYTHONPATH', None)
-    env.pop('FORCE_CUDA', None)  # the CPU kernels are enough here; CUDA compilation takes minutes
-    dist, wheels, site, user = (tmp_path / d for d in ('dist', 'wheels', 'site', 'user'))
-    _run([sys.executable, 'setup.py', '-q', 'egg_info', '--egg-base', str(tmp_path),
-          'sdist', '--dist-dir', str(dist)], cwd=ROOT, env=env)
-    sdist, = dist.glob('mmlinattn-*.tar.gz')
-    log = _run([sys.executable, '-m', 'pip', 'wheel', '-v', '--no-build-isolation', '--no-deps',
-                '-w', str(wheels), str(sdist)], cwd=tmp_path, env=env)
     major_minor = tuple(int(p) for p in re.match(r'(\d+)\.(\d+)', torch.__version__).groups())
     std = '-std=c++20' if major_minor >= (2, 14) else '-std=c++17'  # what the torch headers require
     compile_lines = [line for line in log.splitlines() if ' -c ' in line and 'ops/csrc' in line]
     assert compile_lines and all(std in line for line in compile_lines), compile_lines[:1]
-    wheel, = wheels.glob('mmlinattn-*.whl')
-    _run([sys.executable, '-m', 'pip', 'install', '--no-deps', '--target', str(site), str(wheel)],
-         cwd=tmp_path, env=env)
+    user = tmp_path / 'user'
 
     mim = site / 'mmlinattn' / '.mim'
     shipped = mim / 'configs' / 'mask_rcnn_laplacian_tiny_1x_coco.py'
     assert shipped.is_file() and not shipped.is_symlink() and not (mim / 'configs').is_symlink()
     assert (mim / 'configs' / '_base_' / 'plugin.py').is_file()
+    assert (site / 'mmlinattn' / 'configs' / shipped.name).is_file()  # the resolved form, for read_base()
     check_ships_user_tools_only(mim)
 
     user.mkdir()
@@ -153,6 +141,11 @@ def test_wheel_installed_outside_checkout_serves_user_config(tmp_path):
     shipped_path = _run([sys.executable, '-m', 'mmlinattn.configs', shipped.name], cwd=user, env=user_env)
     (user / 'my_mask_rcnn_abs.py').write_text(
         f"_base_ = [{shipped_path.strip()!r}]\nmodel = dict(backbone=dict(drop_path_rate=0.2))\n")
+    (user / 'my_read_base.py').write_text(
+        'from mmengine.config import read_base\n'
+        'with read_base():\n'
+        '    from mmlinattn.configs.mask_rcnn_laplacian_tiny_1x_coco import *\n'
+        'model.backbone.drop_path_rate = 0.2\n')
     (user / 'check.py').write_text(USER_SCRIPT)
     out = _run([sys.executable, 'check.py', str(os.path.realpath(site))], cwd=user, env=user_env)
     assert 'extension: compiled (CPU' in out, out[-2000:]

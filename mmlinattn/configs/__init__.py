@@ -1,8 +1,15 @@
-"""Where the configs that ship with mmlinattn are, for configs of your own that inherit them.
+"""The configs that ship with mmlinattn, for configs of your own that inherit them.
 
-The package installs ``configs/`` as ``mmlinattn/.mim/configs`` (the OpenMMLab layout). mmengine
-0.10 resolves ``_base_ = ['pkg::path']`` only for the OpenMMLab packages it lists, so a config of
-yours inherits ours by file path (README, "Using the backbones in your own config")::
+``mmlinattn/configs/<name>.py`` holds each config of the repository's ``configs/`` resolved (its bases
+merged; written by ``tools/dev/generate_configs.py``), so a config anywhere inherits it through
+mmengine's pure-Python format::
+
+    from mmengine.config import read_base
+    with read_base():
+        from mmlinattn.configs.mask_rcnn_laplacian_tiny_1x_coco import *
+
+The sources also install as ``mmlinattn/.mim/configs`` (the OpenMMLab layout), for inheriting by
+path (mmengine 0.10 resolves ``_base_ = ['pkg::path']`` only for its own table of packages)::
 
     python -m mmlinattn.configs                                      # the names
     python -m mmlinattn.configs mask_rcnn_laplacian_tiny_1x_coco.py  # its absolute path

@@ -132,6 +132,11 @@ if ! "$PY" -m pip show -f mmlinattn 2>/dev/null | grep -q "$ROOT"; then
   step "installing mmlinattn (editable)"
   MMLINATTN_SKIP_EXT=1 run mmlinattn "${PIP[@]}" install --no-build-isolation --no-deps -e "$ROOT"
 fi
+# mmengine's read_base() looks for `mmlinattn.configs.<name>` under the distribution's location joined
+# with the package name (get_installed_path): site-packages/mmlinattn, which a PEP 660 editable install
+# does not create. The link makes `from mmlinattn.configs.<name> import *` work in .venv as in a wheel.
+SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+ln -sfn "$ROOT/mmlinattn" "$SITE/mmlinattn"
 
 run import-check "$PY" -c "import mmcv.ops, mmdet, mmseg, mmpretrain, mmlinattn"
 step "ready: $("$PY" -c 'import torch, mmcv, mmdet, mmseg, mmpretrain, mmlinattn; print(f"torch {torch.__version__}, mmcv {mmcv.__version__}, mmdet {mmdet.__version__}, mmseg {mmseg.__version__}, mmpretrain {mmpretrain.__version__}, mmlinattn {mmlinattn.__version__} (extension: {mmlinattn.ops.extension_status()})")')"
