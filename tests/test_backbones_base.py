@@ -1,10 +1,11 @@
-"""StagedBackbone, the base of the three families: arch validation, index checks, frozen stages,
-and the one Pretrained loader (unwrapping, prefixes, strictness, shape check, conversion hook)."""
+"""StagedBackbone, the base of the families: arch validation, index checks, frozen stages, the one
+Pretrained loader (unwrapping, prefixes, strictness, shape check, conversion hook) and the input
+check of forward (bad images named, empty batches, in_channels) in each of the four families."""
 import pytest
 import torch
 from torch import nn
 
-from mmlinattn.models.backbones import LaplacianFormer, PolaPVT, PolaSwin, StagedBackbone
+from mmlinattn.models.backbones import LaplacianFormer, PolaDeiT, PolaPVT, PolaSwin, StagedBackbone
 from mmlinattn.models.backbones.base import strip_prefix, unwrap_state_dict
 
 
@@ -140,3 +141,67 @@ def test_the_three_families_share_the_base(family):
         family(arch='no-such-arch')
     with pytest.raises(ValueError, match='out_indices must be a non-empty subset of 0..3'):
         family(out_indices=(4, ))
+
+
+# ---- the input check (StagedBackbone.forward) ----------------------------------------------------
+# The smallest member of each family that runs a 32x32 image.
+TINY = {
+    LaplacianFormer: dict(arch=dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 1, 1, 2],
+                                    depths=[1, 1, 1, 1])),
+    PolaPVT: dict(arch=dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], depths=[1, 1, 1, 1])),
+    PolaSwin: dict(arch=dict(embed_dims=16, depths=[1, 1, 2, 2], num_heads=[1, 2, 4, 8])),
+    PolaDeiT: dict(arch=dict(embed_dims=32, depth=2, num_heads=2)),
+}
+FAMILIES = pytest.mark.parametrize('family', list(TINY), ids=[f.__name__ for f in TINY])
+
+
+def _tiny(family, **kwargs):
+    torch.manual_seed(0)
+    return family(**TINY[family], **kwargs).eval()
+
+
+@FAMILIES
+@pytest.mark.parametrize('image,got', [
+    (torch.zeros(2, 1, 32, 32), r'shape \[2, 1, 32, 32\], dtype torch\.float32'),
+    (torch.zeros(2, 4, 32, 32), r'shape \[2, 4, 32, 32\], dtype torch\.float32'),
+    (torch.zeros(3, 32, 32), r'shape \[3, 32, 32\], dtype torch\.float32'),
+    (torch.zeros(1, 2, 3, 32, 32), r'shape \[1, 2, 3, 32, 32\], dtype torch\.float32'),
+    (torch.zeros(2, 3, 32, 32, dtype=torch.uint8), r'shape \[2, 3, 32, 32\], dtype torch\.uint8'),
+    (torch.zeros(2, 3, 32, 32, dtype=torch.int64), r'shape \[2, 3, 32, 32\], dtype torch\.int64'),
+    (torch.zeros(2, 3, 0, 32), r'shape \[2, 3, 0, 32\], dtype torch\.float32'),
+    ([torch.zeros(3, 32, 32)], 'a list'),
+], ids=['1-channel', '4-channel', '3-D', '5-D', 'uint8', 'int64', 'no-rows', 'list'])
+def test_bad_input_is_named(family, image, got):
+    """One ValueError naming the backbone, what it expects and what arrived, before any stage runs."""
+    expected = (rf'{family.__name__} expects a floating-point tensor \[B, in_channels=3, H, W\] '
+                rf'with H, W >= 1; got {got}$')
+    with pytest.raises(ValueError, match=expected):
+        _tiny(family)(image)
+
+
+@FAMILIES
+@pytest.mark.parametrize('size', [(32, 32), (37, 21)], ids=['32', '37x21'])
+def test_empty_batch_gives_the_shapes_of_a_full_one(family, size):
+    """B = 0 gives empty outputs of the shapes (and dtype) a B = 1 run gives, for every out_indices
+    selection (outputs come in stage order, whatever the order of out_indices)."""
+    for out_indices in ([(0, )] if family.num_stages == 1 else [(0, 1, 2, 3), (3, 1)]):
+        model = _tiny(family, out_indices=out_indices)
+        with torch.no_grad():
+            full = model(torch.randn(1, 3, *size))
+            empty = model(torch.randn(0, 3, *size))
+        assert [tuple(o.shape[1:]) for o in empty] == [tuple(o.shape[1:]) for o in full]
+        assert all(o.shape[0] == 0 and o.dtype == torch.float32 for o in empty)
+        assert [shape for shape in model.output_shapes(*size)] == [tuple(o.shape[1:]) for o in full]
+
+
+@FAMILIES
+def test_in_channels_sets_what_the_check_accepts(family):
+    model = _tiny(family, in_channels=4)
+    with torch.no_grad():
+        outs = model(torch.randn(1, 4, 32, 32))
+    assert [tuple(o.shape[1:]) for o in outs] == model.output_shapes(32, 32)
+    with pytest.raises(ValueError, match=r'in_channels=4, H, W\] with H, W >= 1; got shape \[1, 3,'):
+        model(torch.randn(1, 3, 32, 32))
+    for bad in (0, True, 3.0):
+        with pytest.raises(ValueError, match=f'in_channels must be a positive integer, got {bad!r}'):
+            family(**TINY[family], in_channels=bad)

@@ -1,7 +1,9 @@
-"""What the four-stage backbones share: the arch table, index checks, frozen stages, Pretrained loading.
+"""What the four-stage backbones share: the arch table, index checks, the input check, frozen stages,
+Pretrained loading.
 
 A family subclasses :class:`StagedBackbone` and keeps only what is its own: ``arch_settings`` (the
-named variants), ``arch_defaults`` (what a variant may leave out), ``stage_modules(i)``,
+named variants), ``arch_defaults`` (what a variant may leave out), ``forward_features(x)`` (the
+stages; the base's ``forward`` checks the input first, :func:`check_image`), ``stage_modules(i)``,
 ``init_default_weights()`` and, where a foreign checkpoint layout or a resized parameter needs it,
 ``convert_state_dict``. mmdet's Swin/PVT conventions hold throughout: ``out_indices``,
 ``frozen_stages`` (the first stages get no gradients and stay in eval mode), ``norm_eval`` (BatchNorm
@@ -58,6 +60,23 @@ def check_shapes(module: nn.Module, state_dict: Mapping, source: str = 'checkpoi
                              f'{type(module).__name__} expects {list(own[key].shape)}')
 
 
+def check_image(backbone: nn.Module, x, in_channels: int) -> None:
+    """Raise ``ValueError`` unless ``x`` is a floating-point ``[B, in_channels, H, W]`` tensor with
+    H, W >= 1 (B may be 0), naming the backbone's class, what it expects and what arrived.
+
+    Reads the type, sizes and dtype only: no host sync, no value scan. The size comparisons are
+    plain Python, so under torch.compile(fullgraph=True) and torch.export they hold on symbolic
+    sizes without a graph break.
+    """
+    if (isinstance(x, torch.Tensor) and x.dim() == 4 and x.shape[1] == in_channels
+            and x.is_floating_point() and x.shape[2] >= 1 and x.shape[3] >= 1):
+        return
+    got = (f'shape {list(x.shape)}, dtype {x.dtype}' if isinstance(x, torch.Tensor) else
+           f'a {type(x).__name__}')
+    raise ValueError(f'{type(backbone).__name__} expects a floating-point tensor '
+                     f'[B, in_channels={in_channels}, H, W] with H, W >= 1; got {got}')
+
+
 def format_keys(keys: Iterable[str]) -> str:
     keys = list(keys)
     return ', '.join(keys) if keys else 'none'
@@ -65,6 +84,11 @@ def format_keys(keys: Iterable[str]) -> str:
 
 class StagedBackbone(BaseModule):
     """Base of the four-stage backbones (see the module docstring).
+
+    ``forward(x)`` checks ``x`` (:func:`check_image`: a floating-point ``[B, in_channels, H, W]``
+    tensor, else a ``ValueError`` naming the backbone and what arrived), answers an empty batch
+    with empty outputs of the shapes :meth:`output_shapes` gives, and otherwise runs the family's
+    ``forward_features(x)``.
 
     Args:
         arch: a name of ``arch_settings`` or a dict; the result, with ``arch_defaults`` filled in
@@ -77,6 +101,7 @@ class StagedBackbone(BaseModule):
             ``dict(type='Pretrained', checkpoint=PATH, prefix=None, strict=True,
             unsafe_trust_checkpoint=False)`` (:meth:`load_pretrained`) or any other mmengine init
             config.
+        in_channels: the image channels ``forward`` accepts.
     """
 
     num_stages = 4
@@ -88,10 +113,15 @@ class StagedBackbone(BaseModule):
     # Keys a Pretrained checkpoint may lack: the output norms of stages its model did not output
     # (an ImageNet classifier normalises stage 4 only); they keep their initialisation.
     keys_allowed_missing: Tuple[str, ...] = (r'norm\d+\.(weight|bias)',)
+    # Stage i's output is [stage_channels()[i], ceil(H / out_strides[i]), ceil(W / out_strides[i])].
+    out_strides: Tuple[int, ...] = (4, 8, 16, 32)
 
     def __init__(self, arch: Union[str, dict], out_indices: Sequence[int], frozen_stages: int,
-                 norm_eval: bool, init_cfg=None):
+                 norm_eval: bool, init_cfg=None, in_channels: int = 3):
         super().__init__(init_cfg=init_cfg)
+        if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels < 1:
+            raise ValueError(f'in_channels must be a positive integer, got {in_channels!r}')
+        self.in_channels = in_channels
         self.arch = self.parse_arch(arch)
         self.out_indices = self.check_out_indices(out_indices)
         if isinstance(frozen_stages, bool) or not isinstance(frozen_stages, int) or not (
@@ -130,6 +160,30 @@ class StagedBackbone(BaseModule):
             raise ValueError(f'out_indices must be a non-empty subset of 0..{cls.num_stages - 1} '
                              f'(or negative counterparts), got {tuple(out_indices)}')
         return indices
+
+    # ---- forward -------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """x: floating-point ``[B, in_channels, H, W]`` -> one ``[B, C_i, ceil(H / s_i),
+        ceil(W / s_i)]`` per stage i of ``out_indices``, in stage order (:meth:`output_shapes`)."""
+        check_image(self, x, self.in_channels)
+        if x.shape[0] == 0:  # the stages' token reshapes cannot infer a size from 0 elements
+            return tuple(x.new_empty((0, ) + shape) for shape in self.output_shapes(*x.shape[2:]))
+        return self.forward_features(x)
+
+    def forward_features(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """The stages on a checked, non-empty ``x``; the family's own."""
+        raise NotImplementedError
+
+    def stage_channels(self) -> List[int]:
+        """The channels of each stage's output (the families' ``embed_dims``)."""
+        return list(self.embed_dims)
+
+    def output_shapes(self, height: int, width: int) -> List[Tuple[int, int, int]]:
+        """``(C, H, W)`` of each output for an ``height x width`` input, from the strides alone
+        (no data runs); stage order, as ``forward`` returns them."""
+        channels = self.stage_channels()
+        return [(channels[i], -(-height // self.out_strides[i]), -(-width // self.out_strides[i]))
+                for i in range(self.num_stages) if i in self.out_indices]
 
     # ---- frozen stages and norm_eval ---------------------------------------------------------
     def stage_modules(self, i: int) -> List[nn.Module]:

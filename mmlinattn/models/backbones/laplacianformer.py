@@ -133,7 +133,7 @@ class LaplacianFormer(StagedBackbone):
                  init_cfg=None,
                  **unknown_kwargs):
         attn_cfg = check_attn_cfg(type(self).__name__, LaplacianAttention, attn_cfg, unknown_kwargs)
-        super().__init__(arch, out_indices, frozen_stages, norm_eval, init_cfg)
+        super().__init__(arch, out_indices, frozen_stages, norm_eval, init_cfg, in_channels)
         self.embed_dims = list(self.arch['embed_dims'])
         self.num_heads = list(self.arch['num_heads'])
         self.depths = list(self.arch['depths'])
@@ -194,7 +194,7 @@ class LaplacianFormer(StagedBackbone):
         rename_legacy_keys(state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    def forward_features(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: [B, C_in, H, W] -> tuple of [B, embed_dims[i], ceil(H/s_i), ceil(W/s_i)], s_i = 4*2^i."""
         outs = []
         for i, stage in enumerate(self.stages):

@@ -63,6 +63,7 @@ class PolaDeiT(StagedBackbone):
     arch_defaults = dict(mlp_ratio=4.0)
     keys_allowed_missing = ()
     patch_size = 16
+    out_strides = (patch_size, )
     norm_eps = 1e-6
 
     def __init__(self,
@@ -81,7 +82,7 @@ class PolaDeiT(StagedBackbone):
                  init_cfg=None,
                  **unknown_kwargs):
         attn_cfg = check_attn_cfg(type(self).__name__, PolarityAttention, attn_cfg, unknown_kwargs)
-        super().__init__(arch, out_indices, frozen_stages, norm_eval, init_cfg)
+        super().__init__(arch, out_indices, frozen_stages, norm_eval, init_cfg, in_channels)
         self.embed_dims = self.arch['embed_dims']
         self.depth = self.arch['depth']
         self.num_heads = self.arch['num_heads']
@@ -103,6 +104,9 @@ class PolaDeiT(StagedBackbone):
         self.norm = nn.LayerNorm(dims, eps=self.norm_eps)
         self._freeze_stages()
 
+    def stage_channels(self) -> List[int]:
+        return [self.embed_dims]
+
     def stage_modules(self, i: int) -> List[nn.Module]:
         return [self.patch_embed, self.blocks, self.norm]
 
@@ -113,7 +117,7 @@ class PolaDeiT(StagedBackbone):
         super().init_default_weights()
         trunc_normal_(self.pos_embed, std=0.02)
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor]:
+    def forward_features(self, x: torch.Tensor) -> Tuple[torch.Tensor]:
         """x: [B, C_in, H, W] -> ([B, C, ceil(H/16), ceil(W/16)],)."""
         p = self.patch_size
         padding = (0, pad_to_multiple(x.shape[-1], p), 0, pad_to_multiple(x.shape[-2], p))

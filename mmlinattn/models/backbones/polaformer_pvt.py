@@ -87,7 +87,7 @@ class PolaPVT(StagedBackbone):
                  init_cfg=None,
                  **unknown_kwargs):
         attn_cfg = check_attn_cfg(type(self).__name__, PolarityAttention, attn_cfg, unknown_kwargs)
-        super().__init__(arch, out_indices, frozen_stages, norm_eval, init_cfg)
+        super().__init__(arch, out_indices, frozen_stages, norm_eval, init_cfg, in_channels)
         self.embed_dims = list(self.arch['embed_dims'])
         self.num_heads = list(self.arch['num_heads'])
         self.mlp_ratios = list(self.arch['mlp_ratios'])
@@ -142,7 +142,7 @@ class PolaPVT(StagedBackbone):
             return convert_official(state_dict, 'pvt')
         return state_dict, {}
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    def forward_features(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: [B, C_in, H, W] -> tuple of [B, embed_dims[i], ceil(H/s_i), ceil(W/s_i)], s_i = 4*2^i."""
         batch = x.shape[0]
         outs = []

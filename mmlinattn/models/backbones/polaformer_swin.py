@@ -98,7 +98,7 @@ class PolaSwin(StagedBackbone):
                  init_cfg=None,
                  **unknown_kwargs):
         attn_cfg = check_attn_cfg(type(self).__name__, PolarityAttention, attn_cfg, unknown_kwargs)
-        super().__init__(arch, out_indices, frozen_stages, norm_eval, init_cfg)
+        super().__init__(arch, out_indices, frozen_stages, norm_eval, init_cfg, in_channels)
         self.depths = list(self.arch['depths'])
         self.num_heads = list(self.arch['num_heads'])
         self.attn_types = list(self.arch['attn_types'])
@@ -156,7 +156,7 @@ class PolaSwin(StagedBackbone):
             return convert_official(state_dict, 'swin')
         return state_dict, {}
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    def forward_features(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: [B, C_in, H, W] -> tuple of [B, C*2^i, ceil(H/s_i), ceil(W/s_i)], s_i = 4*2^i."""
         batch = x.shape[0]
         tokens, hw_shape = self.patch_embed(x)
