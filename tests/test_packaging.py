@@ -45,7 +45,7 @@ USER_TOOLS = ('train.py', 'test.py', 'dist_train.sh', 'dist_test.sh', 'get_flops
 def check_ships_user_tools_only(mim):
     """``mim/tools``: the user's commands and the modules they import, i.e. tools/ without tools/dev."""
     tools = mim / 'tools'
-    shipped = sorted(p.name for p in tools.iterdir())
+    shipped = sorted(p.name for p in tools.iterdir() if p.name != '__pycache__')  # pip compiles
     assert set(USER_TOOLS) <= set(shipped), shipped
     tools_dir = os.path.join(ROOT, 'tools')
     assert shipped == sorted(n for n in os.listdir(tools_dir) if n not in ('dev', '__pycache__'))
