@@ -8,9 +8,10 @@ would compile against a different one.
   when ``torch.cuda.is_available()`` or ``FORCE_CUDA=1`` (``TORCH_CUDA_ARCH_LIST`` is honoured).
 - Host compiler and nvcc use the C++ standard that the installed torch's headers require
   (:func:`cxx_standard`).
-- ``configs/`` and the user's tools (``MIM_TOOLS``) ship as ``mmlinattn/.mim/{configs,tools}`` (the
-  OpenMMLab layout that ``mim`` reads): copied into wheels and non-editable installs, symlinked for an
-  editable install. The developers' and CI's scripts and the benchmark cases (``tools/dev/``) do not.
+- ``configs/`` (with its metafiles), the user's tools (``MIM_TOOLS``) and ``model-index.yml`` ship as
+  ``mmlinattn/.mim/{configs,tools,model-index.yml}`` (the OpenMMLab layout that ``mim`` reads; ``mim
+  search mmlinattn`` reads the model index): copied into wheels and non-editable installs, symlinked for
+  an editable install. The developers' and CI's scripts and the benchmark cases (``tools/dev/``) do not.
 - ``MMLINATTN_SKIP_EXT=1`` installs the Python package only (the set-up script uses it after
   restoring a cached build of the extension).
 """
@@ -69,9 +70,10 @@ def _place(src, dst, link):
 
 
 class BuildPyWithMim(build_py):
-    """build_py that also lays out ``mmlinattn/.mim``: a copy of ``configs/`` and of the ``MIM_TOOLS``
-    in the build tree (wheels, ``pip install .``), relative symlinks in the source tree for an editable
-    install (PEP 660 runs build_py with ``editable_mode``; the package is imported from the source)."""
+    """build_py that also lays out ``mmlinattn/.mim``: a copy of ``configs/``, ``model-index.yml`` and
+    the ``MIM_TOOLS`` in the build tree (wheels, ``pip install .``), relative symlinks in the source tree
+    for an editable install (PEP 660 runs build_py with ``editable_mode``; the package is imported from
+    the source)."""
 
     def run(self):
         super().run()
@@ -86,6 +88,8 @@ class BuildPyWithMim(build_py):
         _remove(tools_dir)  # a real folder of MIM_TOOLS entries, also for an editable install
         os.makedirs(tools_dir)
         _place(os.path.join(ROOT, 'configs'), os.path.join(mim_dir, 'configs'), link)
+        # next to .mim/configs, as in the checkout: its Import and Config paths start with configs/
+        _place(os.path.join(ROOT, 'model-index.yml'), os.path.join(mim_dir, 'model-index.yml'), link)
         for name in MIM_TOOLS:
             _place(os.path.join(ROOT, 'tools', name), os.path.join(tools_dir, name), link)
 

@@ -1,8 +1,9 @@
 """The package as a user installs it: the shipped configs are found by name; the build ships the user's
-tools and not the developers' (``tools/dev``); and a wheel built from the sdist, installed outside the
-checkout, carries the compiled ops, the configs and the user's tools, declares what ``import mmlinattn``
-imports, and serves a config of the user's own that inherits ours by path (mmengine 0.10 rejects
-``_base_ = ['mmlinattn::...']``; README, "Using the backbones in your own config")."""
+tools and not the developers' (``tools/dev``), and mim's model index next to the configs; and a wheel
+built from the sdist, installed outside the checkout, carries the compiled ops, the configs, the model
+index and the user's tools, declares what ``import mmlinattn`` imports, and serves a config of the
+user's own that inherits ours by path (mmengine 0.10 rejects ``_base_ = ['mmlinattn::...']``; README,
+"Using the backbones in your own config")."""
 import glob
 import os
 import re
@@ -15,6 +16,7 @@ import torch
 
 from e2e_utils import run_checked as _run
 from mmlinattn.configs import config_dir, config_path, list_configs
+from test_model_index import check_model_index
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,15 +57,28 @@ def check_ships_user_tools_only(mim):
     assert not leaked, leaked  # run_tests.sh, setup_env.sh, gpu_check.sh, benchmarks/, toy_data/, ...
 
 
+def check_ships_model_index(mim):
+    """``mim/model-index.yml`` (where ``mim search`` reads it), a copy, with the metafiles it imports
+    and every model's config beside it, as in the checkout."""
+    index = mim / 'model-index.yml'
+    assert index.is_file() and not index.is_symlink(), index
+    assert sorted(p.name for p in (mim / 'configs' / 'metafiles').glob('*.yml')) == sorted(
+        os.path.basename(p) for p in glob.glob(os.path.join(ROOT, 'configs', 'metafiles', '*.yml')))
+    _, models = check_model_index(str(mim))
+    assert len(models) == len(list_configs())
+
+
 def test_build_ships_the_user_tools_and_not_the_developers(tmp_path):
-    """setup.py's build_py, as a wheel or ``pip install .`` runs it: ``.mim/tools`` holds the user's tools;
-    they run from there (train.py's options), and benchmark.py, whose cases stay in the checkout, says so."""
+    """setup.py's build_py, as a wheel or ``pip install .`` runs it: ``.mim/tools`` holds the user's tools
+    and ``.mim/model-index.yml`` mim's model index; the tools run from there (train.py's options), and
+    benchmark.py, whose cases stay in the checkout, says so."""
     env = dict(os.environ, MMLINATTN_SKIP_EXT='1')
     env.pop('PYTHONPATH', None)
     _run([sys.executable, 'setup.py', '-q', 'build_py', '--build-lib', str(tmp_path)], cwd=ROOT, env=env)
     mim = tmp_path / 'mmlinattn' / '.mim'
     check_ships_user_tools_only(mim)
     assert (mim / 'configs' / 'mask_rcnn_laplacian_tiny_1x_coco.py').is_file()
+    check_ships_model_index(mim)
     assert '--toy-data' in _run([sys.executable, mim / 'tools' / 'train.py', '--help'], cwd=tmp_path, env=env)
     proc = subprocess.run([sys.executable, mim / 'tools' / 'benchmark.py', 'ops'], cwd=tmp_path, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
@@ -129,6 +144,7 @@ def test_wheel_installed_outside_checkout_serves_user_config(installed_wheel, tm
     assert (mim / 'configs' / '_base_' / 'plugin.py').is_file()
     assert (site / 'mmlinattn' / 'configs' / shipped.name).is_file()  # the resolved form, for read_base()
     check_ships_user_tools_only(mim)
+    check_ships_model_index(mim)
 
     user.mkdir()
     user_env = dict(env, PYTHONPATH=str(site), MMLINATTN_OPS='compiled')
