@@ -1,4 +1,4 @@
-"""mmdet's and mmseg's own ``tools/train.py`` and ``tools/test.py`` (from their wheels' ``.mim/tools``),
+"""mmdet's, mmseg's and mmpretrain's own ``tools/train.py`` and ``tools/test.py`` (from their wheels' ``.mim/tools``),
 run from a folder outside the repo against the installed mmlinattn wheel, on user configs that inherit
 the package's configs through ``read_base()``: train, evaluate the checkpoint with metrics, resume;
 and the stock ``test.py`` refusing a checkpoint whose pickle would run code, naming the opt-in."""
@@ -130,6 +130,30 @@ def test_mmseg_stock_tools_train_test_and_resume_a_read_base_config(installed_wh
     assert re.search(r'mIoU: \d', proc.output), proc.output[-3000:]
 
     proc = run_stock('mmseg', 'train.py', config, '--work-dir', 'work', '--resume',
+                     '--cfg-options', 'train_cfg.max_iters=3', cwd=user, site=site)
+    assert 'resumed epoch: 0, iter: 2' in proc.output, proc.output[-3000:]
+    assert re.search(r'Iter\(train\) \[3/3\]', proc.output)
+    assert (user / 'work' / 'iter_3.pth').is_file()
+
+
+def test_mmpretrain_stock_tools_train_test_and_resume_a_read_base_config(installed_wheel, tmp_path):
+    site, _ = installed_wheel
+    config = write_user_config(
+        tmp_path, 'laplacianformer_tiny_8xb128_in1k',
+        train_cfg=dict(type='IterBasedTrainLoop', max_iters=2, val_interval=2),
+        model_edits={'backbone.drop_path_rate': 0.0}, side=64, iters=2, eval_images=8)
+    user = config.parent
+    proc = run_stock('mmpretrain', 'train.py', config, '--work-dir', 'work', cwd=user, site=site)
+    assert re.search(r'Iter\(train\) \[2/2\].*loss', proc.output), proc.output[-3000:]
+    checkpoint = user / 'work' / 'iter_2.pth'
+    assert checkpoint.is_file()
+
+    proc = run_stock('mmpretrain', 'test.py', config, checkpoint, '--work-dir', 'test', cwd=user,
+                     site=site)
+    assert f'Loads checkpoint by mmlinattn backend from path: {checkpoint}' in proc.output
+    assert re.search(r'accuracy/top1: \d', proc.output), proc.output[-3000:]
+
+    proc = run_stock('mmpretrain', 'train.py', config, '--work-dir', 'work', '--resume',
                      '--cfg-options', 'train_cfg.max_iters=3', cwd=user, site=site)
     assert 'resumed epoch: 0, iter: 2' in proc.output, proc.output[-3000:]
     assert re.search(r'Iter\(train\) \[3/3\]', proc.output)
