@@ -5,6 +5,7 @@ collections the models name exist, with their paper and page. The paths are rela
 to ``.mim/configs``): :func:`check_model_index` reads either (test_packaging.py checks the build with it).
 ``mim search mmlinattn`` parses the files with the ``modelindex`` package, which the last test uses too."""
 import glob
+import re
 import os
 from collections import Counter
 
@@ -107,3 +108,19 @@ def test_modelindex_loads_the_index(index):
     errors = [(e['filepath'], error) for e in loaded.collect_check_errors() for error in e['errors']]
     readme_errors = {f'Path to README file {c["README"]} is not a valid file.' for c in collections}
     assert [e for e in errors if e[1] not in readme_errors] == []
+
+
+def test_readme_models_tables_show_the_metafiles_numbers(index):
+    """The README's Models tables and the metafiles carry the same params and FLOPs (both are read by
+    users: the tables on the page, the metafiles through mim search); a number changed in one place
+    only fails here."""
+    with open(os.path.join(ROOT, 'README.md')) as f:
+        readme = f.read()
+    models_section = readme[readme.index('## Models'):readme.index('## Ops')]
+    shown = set(re.findall(r'\d+\.\d+', models_section))
+    _, models = index
+    for model in models:
+        params = f'{model["Metadata"]["Parameters"] / 1e6:.2f}'
+        gflops = model['Metadata']['FLOPs'] / 1e9
+        assert params in shown, (model['Name'], params)
+        assert {f'{gflops:.2f}', f'{gflops:.1f}'} & shown, (model['Name'], gflops)
