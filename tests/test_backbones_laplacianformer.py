@@ -36,7 +36,7 @@ def test_output_shapes_and_strides(tiny_eval, batch, size):
     assert all(torch.isfinite(o).all() for o in outs)
 
 
-@pytest.mark.parametrize('size', [(512, 512), (800, 1333)])
+@pytest.mark.parametrize('size', [(512, 512), pytest.param((800, 1333), marks=pytest.mark.slow)])
 def test_large_inputs_forward_only(size):
     # Paper-literal landmarks grow with the input (m = H*W / 32^2 per head at every Nystrom stage:
     # 1050 at 800x1333), and each Newton-Schulz step costs 2 m^3; 2 steps keep this shape test fast.

@@ -4,7 +4,8 @@ batch, made the way the library's data preprocessor expects it (images of 80-128
 instead of 800x1333 or 512^2). The model is the config's own, heads and class counts included; only
 sampling and test-time sizes of the detectors are reduced (see ``_build``) and a Pretrained
 backbone init, whose file does not exist here, is replaced by the default one. A new config is
-walked without being listed here.
+walked without being listed here (the slow tier walks every config; the fast one a config per
+backbone family and head, ``FAST_WALK``).
 
 Per config (built once, by the module-scoped ``walk`` fixture), the tests assert what a training
 run relies on: every loss finite; every trainable parameter of the backbone and the neck gets a
@@ -24,7 +25,7 @@ from typing import Any, Dict, List, Tuple
 import pytest
 import torch
 
-from e2e_utils import ROOT
+from e2e_utils import ROOT, load_config
 
 CONFIGS_DIR = os.path.join(ROOT, 'configs')
 CONFIGS = sorted(path for path in glob.glob(os.path.join(CONFIGS_DIR, '**', '*.py'), recursive=True)
@@ -43,8 +44,7 @@ def _config_id(path):
 
 
 def _load(path):
-    from mmengine.config import Config
-    return Config.fromfile(path)
+    return load_config(path)
 
 
 def test_configs_exist():
@@ -194,7 +194,18 @@ def run_walk(cfg) -> Walk:
     return walk
 
 
-@pytest.fixture(scope='module', params=CONFIGS, ids=_config_id)
+# The fast tier walks one config per backbone family and per head (the smallest variants); the slow
+# tier walks every config.
+FAST_WALK = ('mask_rcnn_laplacian_tiny_1x_coco', 'retinanet_pola_pvt_tiny_1x_coco',
+             'upernet_pola_swin_tiny_512x512_160k_ade20k', 'fpn_pola_pvt_tiny_512x512_80k_ade20k',
+             'laplacianformer_tiny_8xb128_in1k', 'pola_deit_tiny_8xb128_in1k',
+             'pola_swin_tiny_8xb128_in1k', 'pola_pvt_tiny_8xb128_in1k')
+WALKS = [pytest.param(path, id=_config_id(path),
+                      marks=() if _config_id(path) in FAST_WALK else pytest.mark.slow)
+         for path in CONFIGS]
+
+
+@pytest.fixture(scope='module', params=WALKS)
 def walk(request):
     return run_walk(_load(request.param))
 
