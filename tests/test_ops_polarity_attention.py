@@ -277,19 +277,20 @@ def test_mixed_dtypes_are_promoted(monkeypatch, mode):
 @pytest.mark.parametrize('mode', ['compiled', 'reference'])
 def test_non_finite_inputs_propagate(monkeypatch, mode):
     """No value checks: a NaN in query i gives NaN in row i only; a NaN in a key reaches the
-    state and so every row of that (batch, head); other heads stay finite. Every implementation
-    gives the same NaN pattern."""
+    state and so every row of that (batch, head); a NaN in value channel c, column c of every
+    row of that (batch, head); other heads stay finite. Every implementation gives the same NaN
+    pattern."""
     monkeypatch.setenv('MMLINATTN_OPS', mode)
     q, k, v, power = make_inputs(2, 2, 7, 5, 4, 6, torch.float64)
     q[0, 0, 3, 1] = float('nan')
     k[1, 1, 2, 0] = float('nan')
+    v[0, 1, 4, 5] = float('nan')
     out = polarity_linear_attention(q, k, v, power)
-    nan_rows = out.isnan().all(-1)
-    assert torch.equal(out.isnan().any(-1), nan_rows)
-    expected = torch.zeros(2, 2, 7, dtype=torch.bool)
+    expected = torch.zeros(2, 2, 7, 6, dtype=torch.bool)
     expected[0, 0, 3] = True
     expected[1, 1] = True
-    assert torch.equal(nan_rows, expected)
+    expected[0, 1, :, 5] = True
+    assert torch.equal(out.isnan(), expected)
 
 
 BAD_CALLS = [

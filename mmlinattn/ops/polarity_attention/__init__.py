@@ -65,7 +65,8 @@ def polarity_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         [B, h, N, dv] in the promoted dtype, computed in fp32 (fp64 stays fp64); fp32 when
         called under autocast (the op switches autocast off and casts its inputs to fp32, because
         the powers overflow in fp16). Non-finite inputs propagate: a NaN in q_i gives NaN in row
-        i, a NaN in any key or value gives NaN everywhere in that (batch, head).
+        i, a NaN in any key NaN everywhere in that (batch, head), a NaN in value channel c NaN
+        in column c of that (batch, head).
     """
     _check_args(q, k, v, power, eps)
     device_type = q.device.type
