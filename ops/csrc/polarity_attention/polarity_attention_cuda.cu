@@ -387,7 +387,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda(
   const int64_t n = k.size(2), dv = v.size(3), bh_count = B * heads;
   const auto f32 = q.options().dtype(at::kFloat);
   at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv_out = at::empty_like(v);
-  if (bh_count == 0) return {dq, dk, dv_out, at::zeros({heads, d}, power.options())};
+  if (bh_count == 0) return {dq, dk, dv_out, at::zeros({heads, d}, f32)};
   const int64_t query_cols = query_state_cols(dv), key_cols = key_state_cols(dv);
   const int64_t chunk_len = chunk_tokens(N), chunks = N == 0 ? 0 : ceil_div(N, chunk_len);
   const int query_tile = token_tile(d + query_cols), key_tile = token_tile(d + key_cols);
@@ -434,7 +434,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda(
         dpower.data_ptr<float>(), B, heads, d, query_blocks, key_blocks);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
-  return {dq, dk, dv_out, dpower.to(power.scalar_type())};
+  // dpower stays fp32, the compute dtype, as the operator's fake kernel declares.
+  return {dq, dk, dv_out, dpower};
 }
 
 }  // namespace
