@@ -141,7 +141,7 @@ def test_triton_mode_says_why_it_cannot_run(monkeypatch, op, device, dtype, matc
 
 
 def test_newton_schulz_beyond_the_triton_tile_runs_another_implementation(monkeypatch):
-    """The Triton Newton-Schulz kernel holds one matrix per program (M <= 128): a larger M on CUDA
+    """The Triton Newton-Schulz kernel holds one matrix per program (M <= 64): a larger M on CUDA
     runs the next implementation of auto's order with a FallbackWarning, and triton mode raises."""
     limit = dispatch.TRITON_KERNELS['newton_schulz_inverse'].max_size
     args = ('newton_schulz_inverse', 'cuda', torch.float32)

@@ -76,10 +76,12 @@ class TritonKernel:
 TRITON_KERNELS: Dict[str, TritonKernel] = {
     'laplacian_kernel': TritonKernel('mmlinattn.ops.laplacian_kernel.triton',
                                      'laplacian_kernel_triton_forward', _HALF_AND_FP32),
-    # fp32 only: half inputs reach it cast to the compute dtype; one program holds a matrix.
+    # fp32 only: half inputs reach it cast to the compute dtype. One program holds a matrix, and
+    # at M > 64 (BLOCK 128) its tl.dot operands need 192 KiB (forward) to 320 KiB (backward) of
+    # shared memory, over every GPU's limit (tests/test_ops_triton_gpu_build.py).
     'newton_schulz_inverse': TritonKernel('mmlinattn.ops.newton_schulz.triton',
                                           'newton_schulz_inverse_triton', (torch.float32, ),
-                                          max_size=128),
+                                          max_size=64),
     'polarity_linear_attention': TritonKernel('mmlinattn.ops.polarity_attention.triton',
                                               'polarity_linear_attention_triton_forward',
                                               _HALF_AND_FP32),

@@ -11,7 +11,8 @@ The function is the product form with its per-matrix stop, exactly as the refere
   ``BLOCK = max(16, next power of two >= M)``; rows and columns past M are zero and the identity
   is the identity of the first M rows, so the padding stays zero through every product and
   changes no sum. The stop is the program's own decision (no host sync). M is capped at
-  :data:`MAX_M`; larger matrices are for the other implementations (:func:`unsupported_reason`).
+  :data:`MAX_M` (64: at BLOCK 128 the products' operands overflow shared memory); larger
+  matrices are for the other implementations (:func:`unsupported_reason`).
 - **Precision.** Every product is ``tl.dot(..., input_precision="ieee")``, full fp32 (tf32 would
   change how the iteration converges), accumulated in fp32. The kernels compute in the dtypes of
   :data:`TRITON_DTYPES`, fp32 only: callers cast fp16 / bf16 inputs to fp32 (the compute dtype,
@@ -39,12 +40,13 @@ import triton.language as tl
 
 from triton.runtime.interpreter import InterpretedFunction
 
+from ..dispatch import TRITON_KERNELS
 from ..registration import define_triton
 from ..validation import check_non_negative_finite, check_positive_int, shape_str
 from .compiled import OPERATORS
 
-TRITON_DTYPES = (torch.float32, )
-MAX_M = 128
+TRITON_DTYPES = TRITON_KERNELS['newton_schulz_inverse'].dtypes
+MAX_M = TRITON_KERNELS['newton_schulz_inverse'].max_size
 # fp32 unit roundoff, the stop threshold of ||R_t||_inf.
 _UNIT_ROUNDOFF = torch.finfo(torch.float32).eps / 2
 
@@ -56,7 +58,7 @@ def block_size(m: int) -> int:
 
 def _num_warps(block: int) -> int:
     # the backward holds about six BLOCK x BLOCK fp32 tiles; more warps keep them in registers
-    return {16: 4, 32: 4, 64: 8}.get(block, 16)
+    return 4 if block <= 32 else 8
 
 
 def unsupported_reason(a: torch.Tensor) -> str:

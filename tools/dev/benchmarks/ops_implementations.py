@@ -10,13 +10,14 @@ and forward+backward, fp32:
   224^2 stage 1, N = 56^2, against M = 16, 32, 64, 128 landmarks; B = 2, H = 2, D = 32) and at
   LaplacianFormer-T's stage-1 shape (M = 49);
 - newton_schulz_inverse (at most 20 steps) at M = 16, 32, 64, 128 (the authors' kernel handles
-  M <= 128) and at stage 1 (M = 49), batch 64 Laplacian-kernel Gram matrices;
+  M <= 128; the Triton kernel M <= 64, so it has no M = 128 case) and at stage 1 (M = 49), batch
+  64 Laplacian-kernel Gram matrices;
 - polarity_linear_attention at Pola-PVT-T's stage-1 shape (224^2: N = n = 56^2, d = dv = 64).
 
 The summary ends with the decision rule of ``dispatch.CUDA_DEFAULT``: per op, the total
-forward+backward time of the Triton and the C++ kernels over these shapes; the C++ kernel becomes
-the op's default only where it is faster and ``python -m mmlinattn.ops.selftest --device cuda``
-passes it.
+forward+backward time of the Triton and the C++ kernels over the shapes both take; the C++
+kernel becomes the op's default only where it is faster and ``python -m mmlinattn.ops.selftest
+--device cuda`` passes it.
 """
 from typing import Callable, Dict, List
 
@@ -109,6 +110,12 @@ def implementations(op: str, device: str) -> List[str]:
             + list(BASELINES[op]))
 
 
+def takes(op: str, impl: str, shape: tuple) -> bool:
+    """Whether ``impl`` takes ``shape``: the Triton kernel's ``max_size`` caps the matrix size."""
+    kernel = dispatch.TRITON_KERNELS.get(op) if impl == 'triton' else None
+    return kernel is None or kernel.max_size is None or shape[-1] <= kernel.max_size
+
+
 def case_name(op: str, label: str, impl: str, phase: str) -> str:
     return f'{op} | {label} | {impl} | {phase}'
 
@@ -118,6 +125,8 @@ def cases(device: str) -> List[Case]:
     for op, shapes in SHAPES.items():
         for impl in implementations(op, device):
             for label, shape in shapes.items():
+                if not takes(op, impl, shape):
+                    continue
                 for backward in (False, ) if impl in FORWARD_ONLY else (False, True):
                     build, warm = _case(op, shape, impl, backward, device)
                     phase = 'fwd+bwd' if backward else 'fwd'
@@ -126,10 +135,13 @@ def cases(device: str) -> List[Case]:
 
 
 def decision(results: Dict[str, Measurement], op: str) -> str:
-    """The line that decides ``op``'s CUDA default from the measured fwd+bwd times."""
+    """The line that decides ``op``'s CUDA default from the fwd+bwd times measured at the shapes
+    that both kernels take."""
+    labels = [label for label, shape in SHAPES[op].items()
+              if all(takes(op, kernel, shape) for kernel in ('triton', 'compiled'))]
     totals = {}
     for kernel in ('triton', 'compiled'):
-        times = [results.get(case_name(op, label, kernel, 'fwd+bwd')) for label in SHAPES[op]]
+        times = [results.get(case_name(op, label, kernel, 'fwd+bwd')) for label in labels]
         if all(times):
             totals[kernel] = sum(t.time_ms for t in times)
     default = dispatch.CUDA_DEFAULT[op]
@@ -140,7 +152,7 @@ def decision(results: Dict[str, Measurement], op: str) -> str:
     faster = min(totals, key=totals.get)
     verdict = ('keep' if faster == default else
                f'switch to {faster} if the self-test passes it (CUDA_DEFAULT in dispatch.py)')
-    return (f'{op}: fwd+bwd over {len(SHAPES[op])} shapes: triton {totals["triton"]:.2f} ms, '
+    return (f'{op}: fwd+bwd over {len(labels)} shapes: triton {totals["triton"]:.2f} ms, '
             f'compiled {totals["compiled"]:.2f} ms; faster: {faster}; default {default}: '
             f'{verdict}')
 
