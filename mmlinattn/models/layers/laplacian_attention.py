@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmlinattn.ops import check_finite_input, compute_dtype, laplacian_kernel, newton_schulz_inverse
+from mmlinattn.ops import compute_dtype, laplacian_kernel, newton_schulz_inverse
 from .padding import pad_to_multiple
+from .token_input import check_token_input
 
 KERNELS = ('laplacian', 'gaussian')
 INVERSES = ('newton_schulz', 'exact', 'conjugate_gradient')
@@ -385,12 +386,9 @@ class LaplacianAttention(nn.Module):
         return q, landmarks, v
 
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        check_token_input(self, x, hw_shape)
         batch, num_tokens, channels = x.shape
         height, width = hw_shape
-        if num_tokens != height * width or channels != self.embed_dims:
-            raise ValueError(f'x must be [B, H*W, {self.embed_dims}] for hw_shape {tuple(hw_shape)}, '
-                             f'got {list(x.shape)}')
-        check_finite_input(self, x)  # only with MMLINATTN_CHECK_FINITE=1
         q, landmarks, v = self.attention_inputs(x, hw_shape)
         y = self.attend(q, landmarks, v)
         y = y.transpose(1, 2).reshape(batch, num_tokens, channels).to(v.dtype)

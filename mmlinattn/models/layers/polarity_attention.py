@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmlinattn.ops import (check_finite_input, compute_dtype, polarity_features,
-                           polarity_linear_attention)
+from mmlinattn.ops import compute_dtype, polarity_features, polarity_linear_attention
 from .pos_embed import resize_pos_embed
+from .token_input import check_token_input
 
 
 POLARITIES = ('both', 'same')
@@ -213,12 +213,8 @@ class PolarityAttention(nn.Module):
             return split_heads(q), split_heads(k), split_heads(v), g, power, kv_grid
 
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        check_token_input(self, x, hw_shape)
         batch, num_tokens, channels = x.shape
-        height, width = hw_shape
-        if num_tokens != height * width or channels != self.embed_dims:
-            raise ValueError(f'x must be [B, H*W, {self.embed_dims}] for hw_shape {tuple(hw_shape)}, '
-                             f'got {list(x.shape)}')
-        check_finite_input(self, x)  # only with MMLINATTN_CHECK_FINITE=1
         q, k, v, g, power, _ = self.attention_inputs(x, hw_shape)
         with torch.autocast(device_type=x.device.type, enabled=False):
             if self.polarity == 'same':

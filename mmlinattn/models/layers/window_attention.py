@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmlinattn.ops import check_finite_input
 from .padding import pad_to_multiple
+from .token_input import check_token_input
 
 MASK_VALUE = -100.0
 
@@ -124,12 +124,9 @@ class ShiftedWindowAttention(nn.Module):
         return self.proj_drop(self.proj(out))
 
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        check_token_input(self, x, hw_shape)
         batch, num_tokens, channels = x.shape
         height, width = hw_shape
-        if num_tokens != height * width or channels != self.embed_dims:
-            raise ValueError(f'x must be [B, H*W, {self.embed_dims}] for hw_shape {tuple(hw_shape)}, '
-                             f'got {list(x.shape)}')
-        check_finite_input(self, x)  # only with MMLINATTN_CHECK_FINITE=1
         w = self.window_size
         padding = (0, 0, 0, pad_to_multiple(width, w), 0, pad_to_multiple(height, w))
         grid = F.pad(x.reshape(batch, height, width, channels), padding)
