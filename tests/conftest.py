@@ -61,8 +61,20 @@ def isolated_default_scope():
 def installed_wheel(tmp_path_factory):
     """mmlinattn as a user installs a release: a wheel built from the sdist (CPU kernels; the CUDA
     ones take minutes to compile), installed with ``pip --target`` into a folder outside the checkout.
-    Returns ``(site, build log)``; put ``site`` first on ``PYTHONPATH`` to use it."""
-    tmp = tmp_path_factory.mktemp('wheel')
+    Returns ``(site, build log)``; put ``site`` first on ``PYTHONPATH`` to use it. Built once per
+    test run: pytest-xdist's workers share the run's temporary root, and a lock there."""
+    if 'PYTEST_XDIST_WORKER' not in os.environ:
+        return _build_and_install_wheel(tmp_path_factory.mktemp('wheel'))
+    from filelock import FileLock
+    tmp = tmp_path_factory.getbasetemp().parent / 'wheel'
+    with FileLock(f'{tmp}.lock'):
+        if not (tmp / 'build.log').exists():
+            tmp.mkdir(exist_ok=True)
+            _build_and_install_wheel(tmp)
+    return tmp / 'site', (tmp / 'build.log').read_text()
+
+
+def _build_and_install_wheel(tmp):
     env = dict(os.environ, MAX_JOBS=os.environ.get('MAX_JOBS', '2'))
     env.pop('PYTHONPATH', None)
     env.pop('FORCE_CUDA', None)
@@ -75,4 +87,5 @@ def installed_wheel(tmp_path_factory):
     wheel, = wheels.glob('mmlinattn-*.whl')
     run_checked([sys.executable, '-m', 'pip', 'install', '--no-deps', '--target', str(site), str(wheel)],
                 cwd=tmp, env=env)
+    (tmp / 'build.log').write_text(log)
     return site, log

@@ -195,13 +195,15 @@ def run_walk(cfg) -> Walk:
 
 
 # The fast tier walks one config per backbone family and per head (the smallest variants); the slow
-# tier walks every config.
+# tier walks every config. A config's tests share its walk (a module fixture), so they share a
+# pytest-xdist worker too.
 FAST_WALK = ('mask_rcnn_laplacian_tiny_1x_coco', 'retinanet_pola_pvt_tiny_1x_coco',
              'upernet_pola_swin_tiny_512x512_160k_ade20k', 'fpn_pola_pvt_tiny_512x512_80k_ade20k',
              'laplacianformer_tiny_8xb128_in1k', 'pola_deit_tiny_8xb128_in1k',
              'pola_swin_tiny_8xb128_in1k', 'pola_pvt_tiny_8xb128_in1k')
 WALKS = [pytest.param(path, id=_config_id(path),
-                      marks=() if _config_id(path) in FAST_WALK else pytest.mark.slow)
+                      marks=(pytest.mark.xdist_group(_config_id(path)),
+                             *(() if _config_id(path) in FAST_WALK else (pytest.mark.slow, ))))
          for path in CONFIGS]
 
 

@@ -81,6 +81,10 @@ DEMO_OPTIONS = dict(
                      'val_dataloader.dataset.indices=6 test_dataloader.dataset.indices=6')
 
 
+# the three tests read one demo run (a module fixture): one worker runs them all
+pytestmark = pytest.mark.xdist_group('demo')
+
+
 @pytest.fixture(scope='module')
 def demo_run(tmp_path_factory):
     work_dir = str(tmp_path_factory.mktemp('demo'))

@@ -17,6 +17,9 @@ import multiprocessing
 import pytest
 import torch
 
+# both tests read one module fixture that compiles for both architectures: one worker runs them
+pytestmark = pytest.mark.xdist_group('triton_gpu_build')
+
 ARCHS = (80, 90)
 SHARED_MEMORY_LIMIT = 99 * 1024  # bytes per block, opt-in, on sm_86 / sm_89
 TRITON_TYPES = {torch.float32: 'fp32', torch.float16: 'fp16', torch.bfloat16: 'bf16'}

@@ -69,6 +69,11 @@ if ! have "mmengine==0.10.7"; then
     pycocotools ftfy regex pytest matplotlib scipy terminaltables
 fi
 
+if ! have "pytest-xdist==3.8.0"; then
+  step "installing pytest-xdist (the test tiers run on every core)"
+  run pytest-xdist "${PIP[@]}" install "pytest-xdist==3.8.0"
+fi
+
 if ! have "mmcv==$MMCV_VERSION"; then
   PYTAG="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
   MMCV_DEVICE="$("$PY" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')"
