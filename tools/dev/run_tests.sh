@@ -4,9 +4,11 @@
 # Without arguments both tiers run, the fast one first (`-m "not slow"`: ops, layers, backbones, the
 # config walk, the tools' options), then the slow one (`-m slow`: end-to-end training runs, distributed
 # runs, export and figure runs); it stops after a failing tier. Each tier runs in TEST_WORKERS
-# pytest-xdist processes (default 2, the CI machine's cores; 1 = one process): the fast tier keeps a
-# test file on one worker (its module fixtures start once), the slow tier spreads single tests and
-# keeps each `xdist_group` together. Arguments go to pytest instead, e.g.
+# pytest-xdist workers (default 2, the CI machine's cores; 0 = in the pytest process): the fast tier keeps a
+# test file on one worker (its module fixtures start once) and gives each worker one thread (its
+# tests are small: two workers of two OpenMP threads each on two cores mostly wait for each other);
+# the slow tier spreads single tests, keeps each `xdist_group` together and leaves torch's threads
+# as they are (its training runs and compiles use them). Arguments go to pytest instead, e.g.
 # `bash tools/dev/run_tests.sh -m "not slow"` for the fast tier alone, in one process.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -19,9 +21,9 @@ if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest -ra "$@"
 fi
 workers="${TEST_WORKERS:-2}"
-for tier in "not slow" "slow"; do
-  if [ "$tier" = "slow" ]; then dist=loadgroup; else dist=loadfile; fi
-  start=$SECONDS
-  .venv/bin/python -m pytest -ra -m "$tier" -n "$workers" --dist "$dist"
-  echo "[run_tests] tier -m \"$tier\" passed in $((SECONDS - start)) s ($workers workers)"
-done
+start=$SECONDS
+OMP_NUM_THREADS=1 .venv/bin/python -m pytest -ra -m "not slow" -n "$workers" --dist loadfile
+echo "[run_tests] tier -m \"not slow\" passed in $((SECONDS - start)) s ($workers workers)"
+start=$SECONDS
+.venv/bin/python -m pytest -ra -m slow -n "$workers" --dist loadgroup
+echo "[run_tests] tier -m slow passed in $((SECONDS - start)) s ($workers workers)"
