@@ -72,6 +72,10 @@ class TritonKernel:
     dtypes: Tuple[torch.dtype, ...]
     max_size: Optional[int] = None  # the largest matrix size the kernel takes (one tile a matrix)
 
+    def takes_size(self, size: int) -> bool:
+        """Whether a matrix of ``size`` fits the kernel's tile (always, without a cap)."""
+        return self.max_size is None or size <= self.max_size
+
 
 TRITON_KERNELS: Dict[str, TritonKernel] = {
     'laplacian_kernel': TritonKernel('mmlinattn.ops.laplacian_kernel.triton',
@@ -321,10 +325,10 @@ def choose_for_size(op: str, device_type: str, dtype: torch.dtype, size: int) ->
     :attr:`TritonKernel.max_size` is below ``size`` (a shape, so no tensor value is read); in
     ``triton`` mode that is an error."""
     implementation = choose(op, device_type, dtype)
-    limit = TRITON_KERNELS[op].max_size if op in TRITON_KERNELS else None
-    if implementation != 'triton' or limit is None or size <= limit:
+    kernel = TRITON_KERNELS.get(op)
+    if implementation != 'triton' or kernel is None or kernel.takes_size(size):
         return implementation
-    reason = f'the Triton kernel of {op} takes sizes up to {limit}, got {size}'
+    reason = f'the Triton kernel of {op} takes sizes up to {kernel.max_size}, got {size}'
     if ops_mode() == 'triton':
         raise RuntimeError(f'MMLINATTN_OPS=triton but {reason}')
     for fallback in auto_order(op, device_type):

@@ -45,8 +45,8 @@ from ..registration import define_triton
 from ..validation import check_non_negative_finite, check_positive_int, shape_str
 from .compiled import OPERATORS
 
-TRITON_DTYPES = TRITON_KERNELS['newton_schulz_inverse'].dtypes
-MAX_M = TRITON_KERNELS['newton_schulz_inverse'].max_size
+_KERNEL = TRITON_KERNELS['newton_schulz_inverse']
+TRITON_DTYPES, MAX_M = _KERNEL.dtypes, _KERNEL.max_size
 # fp32 unit roundoff, the stop threshold of ||R_t||_inf.
 _UNIT_ROUNDOFF = torch.finfo(torch.float32).eps / 2
 
@@ -67,7 +67,7 @@ def unsupported_reason(a: torch.Tensor) -> str:
         return (f"newton_schulz_inverse's Triton kernel computes in float32, got {a.dtype} "
                 '(cast half inputs to float32; float64 runs the compiled or reference '
                 'implementation)')
-    if a.shape[-1] > MAX_M:
+    if not _KERNEL.takes_size(a.shape[-1]):
         return f"newton_schulz_inverse's Triton kernel handles M <= {MAX_M}, got M={a.shape[-1]}"
     return ''
 

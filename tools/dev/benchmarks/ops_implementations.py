@@ -113,7 +113,7 @@ def implementations(op: str, device: str) -> List[str]:
 def takes(op: str, impl: str, shape: tuple) -> bool:
     """Whether ``impl`` takes ``shape``: the Triton kernel's ``max_size`` caps the matrix size."""
     kernel = dispatch.TRITON_KERNELS.get(op) if impl == 'triton' else None
-    return kernel is None or kernel.max_size is None or shape[-1] <= kernel.max_size
+    return kernel is None or kernel.takes_size(shape[-1])
 
 
 def case_name(op: str, label: str, impl: str, phase: str) -> str:
