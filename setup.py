@@ -29,7 +29,7 @@ CSRC = os.path.join('ops', 'csrc')
 # whole as .mim/configs; tools/dev/ stays in the repository). A new user tool is added here.
 MIM_TOOLS = ('train.py', 'test.py', 'dist_train.sh', 'dist_test.sh', 'get_flops.py', 'convert_checkpoint.py',
              'export_onnx.py', 'visualize_attention.py', 'benchmark.py', '_common.py', '_toy_overlay.py',
-             'analysis')
+             'analysis', 'misc')  # a folder ships whole: misc/download_dataset.py
 # torch 2.14.0 is the first release whose ATen/ATen.h and torch/all.h `#error` below C++20; up to
 # 2.13 they accept C++17 (checked in the headers of the 2.12.1, 2.13.0 and 2.14.0 wheels).
 CXX20_SINCE_TORCH = (2, 14)

@@ -41,7 +41,7 @@ def test_config_path_rejects_bad_names(name, message):
 
 
 USER_TOOLS = ('train.py', 'test.py', 'dist_train.sh', 'dist_test.sh', 'get_flops.py',
-              'convert_checkpoint.py', 'export_onnx.py', 'visualize_attention.py', 'benchmark.py')
+              'convert_checkpoint.py', 'export_onnx.py', 'visualize_attention.py', 'benchmark.py', 'misc')
 
 
 def check_ships_user_tools_only(mim):
@@ -49,6 +49,7 @@ def check_ships_user_tools_only(mim):
     tools = mim / 'tools'
     shipped = sorted(p.name for p in tools.iterdir() if p.name != '__pycache__')  # pip compiles
     assert set(USER_TOOLS) <= set(shipped), shipped
+    assert (tools / 'misc' / 'download_dataset.py').is_file()  # a folder entry of MIM_TOOLS ships whole
     tools_dir = os.path.join(ROOT, 'tools')
     assert shipped == sorted(n for n in os.listdir(tools_dir) if n not in ('dev', '__pycache__'))
     dev_names = {n for _, dirs, files in os.walk(os.path.join(tools_dir, 'dev')) for n in dirs + files
@@ -80,6 +81,8 @@ def test_build_ships_the_user_tools_and_not_the_developers(tmp_path):
     assert (mim / 'configs' / 'mask_rcnn_laplacian_tiny_1x_coco.py').is_file()
     check_ships_model_index(mim)
     assert '--toy-data' in _run([sys.executable, mim / 'tools' / 'train.py', '--help'], cwd=tmp_path, env=env)
+    assert '--archive' in _run([sys.executable, mim / 'tools' / 'misc' / 'download_dataset.py', '--help'],
+                               cwd=tmp_path, env=env)
     proc = subprocess.run([sys.executable, mim / 'tools' / 'benchmark.py', 'ops'], cwd=tmp_path, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert proc.returncode != 0 and 'runs from a checkout' in proc.stdout, proc.stdout[-2000:]

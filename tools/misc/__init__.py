@@ -1,0 +1,1 @@
+"""Data preparation tools (``download_dataset.py``), as in mmdet's ``tools/misc``."""
