@@ -430,4 +430,7 @@ def test_real_cifar10(real_set):
     lines = (root / 'meta' / 'train.txt').read_text().splitlines()
     assert len(lines) == 1000 and lines[0] == 'airplane/0000.jpg 0' and lines[-1].endswith(' 9')
     assert all((root / 'train' / line.split()[0]).is_file() for line in lines)
-    assert len((root / 'meta' / 'test.txt').read_text().splitlines()) == 200
+    test_lines = (root / 'meta' / 'test.txt').read_text().splitlines()
+    assert len(test_lines) == 200
+    # classes interleaved: the first N lines (a dataset's indices=N) hold N/10 images of each class
+    assert [int(line.split()[1]) for line in test_lines[:20]] == list(range(10)) * 2

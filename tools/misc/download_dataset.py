@@ -368,9 +368,20 @@ def convert_camvid(archive: Archive, out_dir: str, max_size: Optional[int] = Non
     return report
 
 
+def interleave_classes(lines):
+    """(label, path) pairs ordered by rank within their class, then label: a b c a b c ..."""
+    by_class = {}
+    for label, path in sorted(lines):
+        by_class.setdefault(label, []).append(path)
+    ranked = [(rank, label, path) for label, paths in by_class.items() for rank, path in enumerate(paths)]
+    return [(label, path) for _, label, path in sorted(ranked)]
+
+
 def convert_cifar10(archive: Archive, out_dir: str, max_size: Optional[int] = None) -> Report:
     """A folder-of-JPEGs CIFAR-10 ({train,test}/<class>/*.jpg) to that layout plus mmpretrain's
-    CustomDataset lists meta/{train,test}.txt (``<class>/<file> <label>``, CIFAR-10's class order)."""
+    CustomDataset lists meta/{train,test}.txt (``<class>/<file> <label>``, CIFAR-10's class order).
+    The lists interleave the classes (the first image of each class, then the second, ...), so that
+    a dataset's ``indices=N`` is a class-balanced subset."""
     root = find_root(archive, r'train/[^/]+/[^/]+\.(?:jpe?g|png)',
                      'CIFAR-10 layout ({train,test}/<class>/*.jpg)')
     report = Report()
@@ -389,7 +400,7 @@ def convert_cifar10(archive: Archive, out_dir: str, max_size: Optional[int] = No
             lines.append((CIFAR10_CLASSES.index(class_name), f'{class_name}/{file_name}'))
         os.makedirs(osp.join(out_dir, 'meta'), exist_ok=True)
         with open(osp.join(out_dir, 'meta', f'{split}.txt'), 'w') as f:
-            f.writelines(f'{path} {label}\n' for label, path in sorted(lines))
+            f.writelines(f'{path} {label}\n' for label, path in interleave_classes(lines))
         report.splits[split] = dict(images=len(lines))
     return report
 
