@@ -14,6 +14,38 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY_ROOT = os.path.join(ROOT, 'data', 'toy')
 TOY_SET = {'mmdet': 'coco', 'mmseg': 'ade', 'mmpretrain': 'imagenet'}
+# configs/<set>/: the CPU-sized configs of the real sets (tools/misc/download_dataset.py), each
+# backbone of the learning benchmark on one task; their models are the top-level configs' with the
+# task's heads, beside the libraries' own backbones.
+REAL_SETS = ('balloon', 'camvid', 'cifar10', 'coco128')
+
+
+def real_set_of(config_path: str):
+    """The real set of a config under configs/<set>/, else None."""
+    folder = os.path.relpath(config_path, os.path.join(ROOT, 'configs')).split(os.sep)[0]
+    return folder if folder in REAL_SETS else None
+
+
+# The shared data folder's copies of the official archives (its README: counts, licences, sha256).
+SHARED_ARCHIVES = {'balloon': 'balloon_dataset.zip', 'coco128-seg': 'coco128-seg.zip',
+                   'camvid': 'camvid_mini.zip', 'cifar10': 'cifar10_mini.zip'}
+
+
+def shared_archive(file_name):
+    """The path of ``file_name`` in MMLINATTN_SHARED_DATA, else ../shared/data next to the checkout
+    or /work/shared/data; missing, the test fails under CI=true and is skipped elsewhere."""
+    env = os.environ.get('MMLINATTN_SHARED_DATA')
+    next_to_checkout = os.path.normpath(os.path.join(ROOT, '..', 'shared', 'data'))
+    folders = [env] if env else [next_to_checkout, '/work/shared/data']
+    for folder in folders:
+        if os.path.isfile(os.path.join(folder, file_name)):
+            return os.path.join(folder, file_name)
+    message = f'{file_name} is in none of {folders} (MMLINATTN_SHARED_DATA names the folder holding it)'
+    if os.environ.get('CI', '').lower() == 'true':
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 # toy_config edits for Mask R-CNN on toy images (a few shapes each) at 128 px: 128 sampled RoIs
 # (of 512), 300 proposals (of 1000) and 20 detections (of 100) per image, since the mask head on
 # every RoI dominates the cost; no score threshold, so that an early model's detections count.

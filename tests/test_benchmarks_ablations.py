@@ -9,7 +9,7 @@ import torch
 
 from e2e_utils import require_toy_data, run
 
-from dev.benchmarks import learning, solver
+from dev.benchmarks import learning_toy, solver
 
 
 def test_solver_measurements_on_synthetic_systems_of_known_condition():
@@ -30,7 +30,7 @@ def test_solver_measurements_on_synthetic_systems_of_known_condition():
 
 def _learning_args(**kwargs):
     parser = argparse.ArgumentParser()
-    learning.add_arguments(parser)
+    learning_toy.add_arguments(parser)
     args = parser.parse_args([])
     for key, value in kwargs.items():
         setattr(args, key, value)
@@ -52,15 +52,15 @@ def test_learning_merge_joins_parts_of_one_schedule_and_refuses_others(tmp_path,
     second = _saved_run(tmp_path / 'b.json', 3, ['PVT-T (mmdet, softmax)'])
     other = _saved_run(tmp_path / 'c.json', 5, ['Swin-T (mmdet, softmax)'])
     out = str(tmp_path / 'all.json')
-    assert learning.main(_learning_args(merge=[first, second], out=out)) == 0
+    assert learning_toy.main(_learning_args(merge=[first, second], out=out)) == 0
     assert [r['name'] for r in json.load(open(out))['results']] == ['Pola-PVT-T', 'PVT-T (mmdet, softmax)']
     assert 'TOY SET' in capsys.readouterr().out
-    assert learning.main(_learning_args(merge=[first, other])) == 2
+    assert learning_toy.main(_learning_args(merge=[first, other])) == 2
     assert 'another schedule' in capsys.readouterr().err
 
 
 def test_learning_rate_schedule_warms_up_then_decays_to_zero():
-    factors = [learning._lr_factor(step, 4, 20) for step in range(20)]
+    factors = [learning_toy._lr_factor(step, 4, 20) for step in range(20)]
     assert factors[:4] == [0.25, 0.5, 0.75, 1.0]
     assert all(b <= a for a, b in zip(factors[3:], factors[4:])) and factors[-1] < 0.01
 
@@ -81,8 +81,8 @@ def test_solver_subcommand_smoke(tmp_path):
 @pytest.mark.slow
 def test_learning_subcommand_smoke(tmp_path):
     require_toy_data('imagenet')
-    out, figure = tmp_path / 'learning.json', tmp_path / 'learning.png'
-    proc = run(['tools/benchmark.py', 'learning', '--smoke', '--out', out, '--plot', figure])
+    out, figure = tmp_path / 'learning_toy.json', tmp_path / 'learning_toy.png'
+    proc = run(['tools/benchmark.py', 'learning-toy', '--smoke', '--out', out, '--plot', figure])
     assert 'TOY SET' in proc.output
     payload = json.loads(out.read_text())
     assert [r['name'] for r in payload['results']] == ['LaplacianFormer-T (Laplacian, lam 4)',

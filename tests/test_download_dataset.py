@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from e2e_utils import ROOT
+from e2e_utils import ROOT, SHARED_ARCHIVES, shared_archive
 from misc import download_dataset as dd
 
 TOOL = os.path.join(ROOT, 'tools', 'misc', 'download_dataset.py')
@@ -342,26 +342,6 @@ def test_offline_without_archive_names_the_url_and_the_option(tmp_path):
     assert proc.returncode != 0, proc.stdout
     assert dd.DATASETS['balloon'].url in proc.stdout and '--archive FILE' in proc.stdout, proc.stdout
     assert not (tmp_path / 'data').exists()
-
-
-# The shared data folder's copies of the official archives (/work/shared/data/README.md).
-SHARED_ARCHIVES = {'balloon': 'balloon_dataset.zip', 'coco128-seg': 'coco128-seg.zip',
-                   'camvid': 'camvid_mini.zip', 'cifar10': 'cifar10_mini.zip'}
-
-
-def shared_archive(file_name):
-    """The path of ``file_name`` in MMLINATTN_SHARED_DATA, else ../shared/data next to the checkout
-    or /work/shared/data; missing, the test fails under CI=true and is skipped elsewhere."""
-    env = os.environ.get('MMLINATTN_SHARED_DATA')
-    next_to_checkout = os.path.normpath(os.path.join(ROOT, '..', 'shared', 'data'))
-    folders = [env] if env else [next_to_checkout, '/work/shared/data']
-    for folder in folders:
-        if os.path.isfile(os.path.join(folder, file_name)):
-            return os.path.join(folder, file_name)
-    message = f'{file_name} is in none of {folders} (MMLINATTN_SHARED_DATA names the folder holding it)'
-    if os.environ.get('CI', '').lower() == 'true':
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 @pytest.fixture(scope='module')

@@ -1,4 +1,4 @@
-"""Learning benchmark: ``python tools/benchmark.py learning [--models ...] [--out F.json] [--plot F.png]``.
+"""Learning benchmark: ``python tools/benchmark.py learning-toy [--models ...] [--out F.json] [--plot F.png]``.
 
 Trains ImageNet classifiers built from this project's configs (``MODELS``: LaplacianFormer-T with
 the Laplacian kernel at lam 1/4/16 and with SOFT's Gaussian kernel; Pola-PVT-T as published, with

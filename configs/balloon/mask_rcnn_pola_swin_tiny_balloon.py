@@ -1,0 +1,6 @@
+# Mask R-CNN + FPN with Pola-Swin-Tiny on balloon, on a CPU.
+_base_ = ['../_base_/mask_rcnn_balloon_cpu.py']
+model = dict(
+    backbone=dict(_delete_=True, type='mmlinattn.PolaSwin', arch='tiny', drop_path_rate=0.2,
+                  out_indices=(0, 1, 2, 3)),
+    neck=dict(in_channels=[96, 192, 384, 768]))

@@ -1,0 +1,216 @@
+"""Real-data learning benchmark: ``python tools/benchmark.py learning --task T [--seeds 0 1]
+[--out F.json] [--plot F.png]``.
+
+A task is one real set and its six configs (``TASKS``: ``configs/<set>/``, one per backbone:
+LaplacianFormer-T, Pola-PVT-T, Pola-Swin-T and the libraries' PVT-T, Swin-T and ResNet), , and on CIFAR-10
+the papers' ablation switches (``ABLATIONS``: ``--cfg-options`` on the LaplacianFormer-T and
+Pola-PVT-T configs). Every run is the config unchanged — its schedule, its start (random: no
+weights are loaded) — through ``tools/train.py`` in a subprocess, seeded with ``randomness.seed``;
+the config's last validation (the held-out split) is the metric. From mmengine's
+``vis_data/scalars.json`` of each run: the loss curve, the metric, and the speed — images/s from the
+mean iteration ``time`` and the batch size, the data-loading share ``data_time / time`` — beside the
+run's wall time (start-up and validation included). Rows are the mean over seeds with the spread
+(min-max) of the metric.
+
+The sets are prepared first with ``tools/misc/download_dataset.py`` (``--data-root`` points a task at
+another copy, e.g. the full CIFAR-10 or CamVid instead of a mini set).
+"""
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Dict, List
+
+from .common import REPO_ROOT, environment
+
+BACKBONES = ('LaplacianFormer-T', 'Pola-PVT-T', 'Pola-Swin-T', 'PVT-T', 'Swin-T')
+
+
+def _configs(folder: str, pattern: str, resnet: str) -> Dict[str, str]:
+    names = ('laplacian_tiny', 'pola_pvt_tiny', 'pola_swin_tiny', 'pvt_tiny', 'swin_tiny')
+    paths = {label: pattern.format(name) for label, name in zip(BACKBONES, names)}
+    paths[resnet] = pattern.format(resnet.lower().replace('-', ''))
+    return {label: os.path.join('configs', folder, path) for label, path in paths.items()}
+
+
+def _cifar_configs() -> Dict[str, str]:
+    configs = _configs('cifar10', '{}_1xb32_cifar10.py', 'ResNet-18')
+    configs['LaplacianFormer-T'] = 'configs/cifar10/laplacianformer_tiny_1xb32_cifar10.py'
+    return configs
+
+
+# task -> configs by row label, the metric keys of the validation (first: the table's), the data folder
+TASKS = {
+    'balloon': dict(runs=_configs('balloon', 'mask_rcnn_{}_balloon.py', 'R-50'),
+                    metrics=('coco/segm_mAP', 'coco/bbox_mAP', 'coco/segm_mAP_50', 'coco/bbox_mAP_50'),
+                    data='data/balloon', split='val (13 photos)'),
+    'coco128': dict(runs=_configs('coco128', 'mask_rcnn_{}_coco128.py', 'R-50'),
+                    metrics=('coco/bbox_mAP', 'coco/segm_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP_50'),
+                    data='data/coco128', split='the 128 training images'),
+    'camvid': dict(runs=_configs('camvid', 'fpn_{}_camvid.py', 'R-50'),
+                   metrics=('mIoU', 'aAcc', 'mAcc'), data='data/camvid', split='val'),
+    'cifar10': dict(runs=_cifar_configs(), metrics=('accuracy/top1', ),
+                    data='data/cifar10', split='2000 test images'),
+}
+# The papers' ablation switches, as rows of the CIFAR-10 table (same schedule, same seeds): the
+# Laplacian kernel against SOFT's Gaussian one, Newton-Schulz against the exact inverse, polarity on
+# (the plain rows) against off.
+_LAPLACIAN = TASKS['cifar10']['runs']['LaplacianFormer-T']
+_POLA = TASKS['cifar10']['runs']['Pola-PVT-T']
+ABLATIONS = {
+    'LaplacianFormer-T, Gaussian kernel': (_LAPLACIAN, 'model.backbone.attn_cfg.kernel=gaussian'),
+    'LaplacianFormer-T, exact inverse': (_LAPLACIAN, 'model.backbone.attn_cfg.inverse=exact'),
+    'Pola-PVT-T, polarity off (same-sign only)': (_POLA, 'model.backbone.attn_cfg.polarity=same'),
+}
+TASKS['cifar10']['runs'].update(ABLATIONS)
+
+
+def _run_spec(spec):
+    return (spec, None) if isinstance(spec, str) else spec
+
+
+def read_scalars(work_dir: str) -> dict:
+    """The training log of one run: loss curve, iteration times and the last validation."""
+    [path] = glob.glob(os.path.join(work_dir, '*', 'vis_data', 'scalars.json'))
+    curve, times, data_times, val = [], [], [], {}
+    with open(path) as f:
+        for line in f:
+            record = json.loads(line)
+            if 'loss' in record:
+                curve.append((record['step'], record['loss']))
+                times.append(record['time'])
+                data_times.append(record['data_time'])
+            else:
+                val = record
+    if not times or not val:
+        raise RuntimeError(f'{path}: no training records or no validation record')
+    steady = times[1:] or times  # the first window holds the start-up (worker spawn, first batches)
+    steady_data = data_times[1:] or data_times
+    return dict(curve=curve, iter_s=statistics.mean(steady),
+                data_share=statistics.mean(steady_data) / statistics.mean(steady), val=val)
+
+
+def train_once(config: str, option, seed: int, work_dir: str, data_root) -> dict:
+    """``tools/train.py config`` in a subprocess; the run's record."""
+    from mmengine.config import Config
+    options = [f'randomness.seed={seed}'] + ([option] if option else [])
+    if data_root:
+        options += _data_root_options(Config.fromfile(os.path.join(REPO_ROOT, config)), data_root)
+    command = [sys.executable, 'tools/train.py', config, '--work-dir', work_dir, '--cfg-options', *options]
+    start = time.perf_counter()
+    proc = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode:
+        raise RuntimeError(f'{" ".join(command)} failed:\n{proc.stderr[-4000:]}')
+    record = read_scalars(work_dir)
+    batch = Config.fromfile(os.path.join(REPO_ROOT, config)).train_dataloader.batch_size
+    record.update(wall_s=wall, images_per_s=batch / record.pop('iter_s'))
+    return record
+
+
+def _data_root_options(cfg, data_root: str) -> List[str]:
+    """``--cfg-options`` that move a config's datasets (and COCO evaluators) to ``data_root``."""
+    root = data_root.rstrip('/') + '/'
+    options = [f'{loader}.dataset.data_root={root}' for loader in ('train_dataloader', 'val_dataloader')]
+    for evaluator in ('val_evaluator', ):
+        ann_file = cfg.get(evaluator, {}).get('ann_file')
+        if ann_file:
+            options.append(f'{evaluator}.ann_file={root}{ann_file[len(cfg.data_root):]}')
+    return options
+
+
+def summarise(runs: List[dict], metric: str) -> List[dict]:
+    rows = []
+    for label in dict.fromkeys(run['model'] for run in runs):
+        mine = [run for run in runs if run['model'] == label]
+        values = [run['val'][metric] for run in mine]
+        rows.append(dict(model=label, seeds=[run['seed'] for run in mine], metric=statistics.mean(values),
+                         spread=(min(values), max(values)),
+                         wall_s=statistics.mean(run['wall_s'] for run in mine),
+                         images_per_s=statistics.mean(run['images_per_s'] for run in mine),
+                         data_share=statistics.mean(run['data_share'] for run in mine)))
+    return rows
+
+
+def format_rows(rows: List[dict], metric: str) -> str:
+    lines = [f'| model | {metric} (mean) | min-max over seeds | wall time / run | train images/s | '
+             f'data_time share |', '|---|---|---|---|---|---|']
+    for row in rows:
+        low, high = row['spread']
+        lines.append(f"| {row['model']} | {row['metric']:.3f} | {low:.3f}-{high:.3f} "
+                     f"({len(row['seeds'])} seeds) | {row['wall_s'] / 60:.1f} min | "
+                     f"{row['images_per_s']:.1f} | {100 * row['data_share']:.0f}% |")
+    return '\n'.join(lines)
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = {}
+    for run in result['runs']:
+        colour = colours.setdefault(run['model'], f'C{len(colours)}')
+        steps, losses = zip(*run['curve'])
+        ax.plot(steps, losses, color=colour, alpha=0.8,
+                label=run['model'] if run['seed'] == result['seeds'][0] else None)
+    ax.set_xlabel('iteration')
+    ax.set_ylabel('training loss (logged window mean)')
+    ax.set_title(f"{result['task']}: training loss, {len(result['seeds'])} seeds per model")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f'figure written to {path}')
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('--task', required=True, choices=sorted(TASKS))
+    parser.add_argument('--models', nargs='+', help='row labels to run (default: all of the task)')
+    parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1])
+    parser.add_argument('--data-root', help="the set's folder, if not the configs' data/<set>")
+    parser.add_argument('--work-dir', default='work_dirs/benchmark_learning')
+    parser.add_argument('--out', help='JSON file for the runs and the table')
+    parser.add_argument('--plot', help='PNG file for the loss curves')
+
+
+def main(args) -> int:
+    task = TASKS[args.task]
+    data_root = args.data_root or task['data']
+    if not os.path.isdir(os.path.join(REPO_ROOT, data_root)) and not os.path.isdir(data_root):
+        raise SystemExit(f'{data_root} not found: prepare it with tools/misc/download_dataset.py')
+    labels = args.models or list(task['runs'])
+    unknown = sorted(set(labels) - set(task['runs']))
+    if unknown:
+        raise SystemExit(f'--models: {unknown} are not rows of {args.task}: {list(task["runs"])}')
+    metric = task['metrics'][0]
+    runs, start = [], time.perf_counter()
+    for label in labels:
+        config, option = _run_spec(task['runs'][label])
+        for seed in args.seeds:
+            slug = f"{os.path.basename(config)[:-3]}{'-' + option.split('=')[-1] if option else ''}-seed{seed}"
+            record = train_once(config, option, seed, os.path.join(args.work_dir, args.task, slug),
+                                args.data_root)
+            record.update(model=label, config=config, cfg_option=option, seed=seed)
+            runs.append(record)
+            print(f"{label} seed {seed}: {metric} {record['val'][metric]:.3f}, "
+                  f"{record['wall_s'] / 60:.1f} min, {record['images_per_s']:.1f} images/s, "
+                  f"data_time {100 * record['data_share']:.0f}%", flush=True)
+    rows = summarise(runs, metric)
+    result = dict(task=args.task, metric=metric, split=task['split'], data_root=data_root, seeds=args.seeds,
+                  total_min=(time.perf_counter() - start) / 60, environment=environment(), rows=rows,
+                  runs=runs)
+    print(f"\n{args.task}: {metric} on {task['split']}, {result['total_min']:.0f} min in all\n")
+    print(format_rows(rows, metric))
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, 'w') as f:
+            json.dump(result, f, indent=1)
+        print(f'\nJSON written to {args.out}')
+    if args.plot:
+        plot(result, args.plot)
+    return 0
