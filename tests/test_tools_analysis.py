@@ -43,13 +43,16 @@ def _backbone(config, seed=0):
 
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
-def test_exportable_l1_distance_equals_cdist_forward_and_backward(dtype):
+@pytest.mark.parametrize('channels,per_step', [(8, 8), (13, 8), (20, 8), (5, 1), (3, 8)])
+def test_exportable_l1_distance_equals_cdist_forward_and_backward(dtype, channels, per_step):
+    """One step, several steps with a partial last one, one channel per step, fewer channels than
+    a step."""
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 3, 17, 8, generator=gen, dtype=dtype, requires_grad=True)
-    k = torch.randn(2, 3, 5, 8, generator=gen, dtype=dtype, requires_grad=True)
+    q = torch.randn(2, 3, 17, channels, generator=gen, dtype=dtype, requires_grad=True)
+    k = torch.randn(2, 3, 5, channels, generator=gen, dtype=dtype, requires_grad=True)
     k.data[0, 0, 0] = q.data[0, 0, 0]  # a tie: sign(0) = 0 in both gradients
     grad = torch.randn(2, 3, 17, 5, generator=gen, dtype=dtype)
-    ours = l1_distance_exportable(q, k)
+    ours = l1_distance_exportable(q, k, channels_per_step=per_step)
     ref = torch.cdist(q, k, p=1)
     tol = dict(rtol=1e-6, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(ours, ref, **tol)
@@ -425,6 +428,23 @@ def test_exportable_capped_pooling_equals_adaptive_avg_pool(size):
     cap = tuple(min(s, 7) for s in size)
     torch.testing.assert_close(capped_avg_pool2d_exportable(x, (7, 7)),
                                F.adaptive_avg_pool2d(x, cap), rtol=1e-12, atol=1e-12)
+
+
+def test_exportable_capped_pooling_follows_the_size_under_torch_export():
+    """torch.export (the dynamo ONNX exporter's capture) with dynamic H and W: the pooling matrices
+    are built from the symbolic sizes, so one program is right below and above the cap."""
+    from mmlinattn.models.layers.laplacian_attention import capped_avg_pool2d_exportable
+
+    class Pool(torch.nn.Module):
+        def forward(self, x):
+            return capped_avg_pool2d_exportable(x, (7, 7))
+
+    auto = torch.export.Dim.AUTO
+    program = torch.export.export(Pool(), (torch.randn(1, 2, 12, 15), ), dynamic_shapes=({2: auto, 3: auto}, ))
+    for size in [(12, 15), (25, 42), (5, 9), (3, 4)]:
+        x = torch.randn(1, 2, *size)
+        cap = tuple(min(s, 7) for s in size)
+        torch.testing.assert_close(program.module()(x), F.adaptive_avg_pool2d(x, cap), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow

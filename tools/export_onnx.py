@@ -14,8 +14,8 @@
 - The custom ops run in their pure-PyTorch reference form while exporting and checking
   (``MMLINATTN_OPS=reference`` for the duration), so the graph holds standard ONNX operators
   only: the Laplacian kernel's ``cdist(p=1)``, which has no ONNX translation, is exported as
-  ``l1_distance_exportable`` (``mmlinattn/ops/laplacian_kernel/reference.py``: one subtraction
-  per channel), the Newton–Schulz iteration unrolled, LaplacianFormer's ``max_landmark_grid`` pooling as
+  ``l1_distance_exportable`` (``mmlinattn/ops/laplacian_kernel/reference.py``: one broadcast
+  subtraction per 8 channels), the Newton–Schulz iteration unrolled, LaplacianFormer's ``max_landmark_grid`` pooling as
   size-following matrix products (``capped_avg_pool2d_exportable``).
 - Exporter (``--exporter``): ``torchscript`` (the default: the legacy tracer,
   ``torch.onnx.export(..., dynamo=False)``, opset 17) or ``dynamo`` (``dynamo=True``: the model

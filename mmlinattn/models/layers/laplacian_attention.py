@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmlinattn.ops import compute_dtype, laplacian_kernel, newton_schulz_inverse
+from mmlinattn.ops.torch_compat import is_exporting
 from .padding import pad_to_multiple
 from .token_input import check_token_input
 
@@ -156,13 +157,16 @@ def nystrom_attention(q: torch.Tensor, landmarks: torch.Tensor, v: torch.Tensor,
     return _normalise(cross_queries @ context, den_eps)  # C_Q W^-1 C^T [v, 1] -> [B, H, Q, Dv]
 
 
-def _average_pool_matrix(size: torch.Tensor, limit: int, dtype: torch.dtype) -> torch.Tensor:
+def _average_pool_matrix(size: Union[torch.Tensor, torch.SymInt], limit: int, dtype: torch.dtype,
+                         device: torch.device) -> torch.Tensor:
     """[out, size] with ``out = min(size, limit)``: row i averages the inputs
     ``floor(i*size/out) .. ceil((i+1)*size/out) - 1``, the windows of ``adaptive_avg_pool``
-    (the identity when size <= limit)."""
-    out = torch.clamp(size, max=limit)
-    rows = torch.arange(out, device=size.device)[:, None]
-    cols = torch.arange(size, device=size.device)[None, :]
+    (the identity when size <= limit). ``size``: a 0-d tensor (TorchScript tracing) or a
+    symbolic size (torch.export)."""
+    out = (torch.clamp(size, max=limit) if isinstance(size, torch.Tensor) else
+           torch.sym_min(size, limit))
+    rows = torch.arange(out, device=device)[:, None]
+    cols = torch.arange(size, device=device)[None, :]
     start = torch.div(rows * size, out, rounding_mode='floor')
     end = torch.div((rows + 1) * size + out - 1, out, rounding_mode='floor')
     window = ((cols >= start) & (cols < end)).to(dtype)
@@ -173,10 +177,14 @@ def capped_avg_pool2d_exportable(x: torch.Tensor, max_grid: Tuple[int, int]) -> 
     """``adaptive_avg_pool2d(x, (min(H, gh), min(W, gw)))`` for x [..., H, W] as two matrix
     products whose sizes follow H and W, so an ONNX graph traced at one size stays right at any
     other (``adaptive_avg_pool2d`` to a fixed grid has no ONNX translation for dynamic sizes, and
-    the "is the cap reached" branch would be frozen at the traced size). Used while exporting."""
-    shape = torch._shape_as_tensor(x)
-    rows = _average_pool_matrix(shape[-2], max_grid[0], x.dtype)
-    cols = _average_pool_matrix(shape[-1], max_grid[1], x.dtype)
+    the "is the cap reached" branch would be frozen at the traced size). Used while exporting.
+
+    The sizes are the traced tensor's shape as a tensor for the TorchScript tracer (which records
+    the shape ops); under torch.export (the dynamo exporter), whose non-strict capture cannot read
+    a shape tensor, they are its symbolic sizes."""
+    shape = x.shape if is_exporting() else torch._shape_as_tensor(x)
+    rows = _average_pool_matrix(shape[-2], max_grid[0], x.dtype, x.device)
+    cols = _average_pool_matrix(shape[-1], max_grid[1], x.dtype, x.device)
     return rows @ x @ cols.transpose(0, 1)
 
 

@@ -9,6 +9,9 @@ import torch
 from ..torch_compat import is_exporting
 from ..validation import compute_dtype
 
+# Channels per broadcast step of :func:`l1_distance_exportable`.
+EXPORT_CHANNELS_PER_STEP = 8
+
 
 def laplacian_kernel_reference(q: torch.Tensor, k: torch.Tensor, lam: float) -> torch.Tensor:
     """``out[b,h,i,j] = exp(-sum_c |q[b,h,i,c] - k[b,h,j,c]| / lam)``.
@@ -25,15 +28,23 @@ def laplacian_kernel_reference(q: torch.Tensor, k: torch.Tensor, lam: float) -> 
     return torch.exp(dist * (-1.0 / lam)).to(out_dtype)
 
 
-def l1_distance_exportable(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def l1_distance_exportable(q: torch.Tensor, k: torch.Tensor,
+                           channels_per_step: int = EXPORT_CHANNELS_PER_STEP) -> torch.Tensor:
     """``dist[..., i, j] = sum_c |q[..., i, c] - k[..., j, c]|`` from elementary ops only.
 
-    q: [..., N, D], k: [..., M, D] -> [..., N, M]. One broadcast subtraction per channel, so the
-    memory stays O(N M) (no [..., N, M, D] intermediate) and every exporter can translate it; D
-    is unrolled into the graph. Equal to ``torch.cdist(q, k, p=1)`` up to summation order.
+    q: [..., N, D], k: [..., M, D] -> [..., N, M]. The channels in steps of ``channels_per_step``:
+    each step one broadcast ``|q[..., :, None, c0:c1] - k[..., None, :, c0:c1]|`` summed over its
+    channels, so the intermediate is [..., N, M, channels_per_step] (not [..., N, M, D]) and the
+    graph holds ``ceil(D / channels_per_step)`` steps; every exporter translates it. Equal to
+    ``torch.cdist(q, k, p=1)`` up to summation order.
     """
-    k_t = k.transpose(-2, -1)  # [..., D, M]
-    dist = (q[..., :, 0:1] - k_t[..., 0:1, :]).abs()
-    for c in range(1, q.shape[-1]):
-        dist = dist + (q[..., :, c:c + 1] - k_t[..., c:c + 1, :]).abs()
+    num_channels = q.shape[-1]
+    q, k = q.unsqueeze(-2), k.unsqueeze(-3)  # [..., N, 1, D], [..., 1, M, D]
+    dist = None
+    for start in range(0, num_channels, channels_per_step):
+        stop = min(start + channels_per_step, num_channels)
+        q_part, k_part = ((q, k) if (start, stop) == (0, num_channels) else
+                          (q[..., start:stop], k[..., start:stop]))
+        part = (q_part - k_part).abs().sum(-1)
+        dist = part if dist is None else dist + part
     return dist
