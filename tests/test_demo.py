@@ -75,6 +75,7 @@ def test_schedule_of_the_coco_config_is_read_from_the_config():
 
 # 30 classifier iterations (3 epochs of the 300 toy images), 30 detector iterations on 60 images
 DEMO_OPTIONS = dict(
+    DEMO_DATA='toy',  # the real sets' demo (data/balloon, data/cifar10) takes ~20 min
     PRETRAIN_OPTIONS='train_cfg.max_epochs=3 train_cfg.val_interval=3',
     FINETUNE_OPTIONS='train_cfg.max_epochs=1 train_dataloader.dataset.indices=60 '
                      'default_hooks.logger.interval=5 '

@@ -7,7 +7,8 @@
 written for (``auto_scale_lr.base_batch_size``, e.g. 8 GPUs x 2 images) and at one process; it
 builds the training set to count its images, so the data must be there.
 
-``report`` reads the work dir of the toy demo (``pretrain/`` and ``finetune/`` training runs,
+``report`` reads the work dir of the demo (``--data toy``: the synthetic sets; ``--data balloon``:
+CIFAR-10 pretraining, balloon fine-tuning) (``pretrain/`` and ``finetune/`` training runs,
 ``metrics.json`` and ``predictions/`` from ``tools/test.py --show-dir``, ``stage_seconds.txt``),
 writes ``curves.png`` (training losses with the validation top-1 accuracy and COCO AP per epoch)
 and ``predictions.png`` (a handful of the drawn validation images), and prints a one-screen summary.
@@ -21,6 +22,9 @@ import re
 BACKBONE_LOADED = re.compile(r'LaplacianFormer: loaded (\S+); missing keys: (.*?); unexpected keys: (.*)$')
 AP_KEYS = ('coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP', 'coco/segm_mAP_50')
 NUM_SHOWN = 6
+# --data -> (pretraining set, fine-tuning set, what the sets are)
+SETS = {'toy': ('toy-ImageNet', 'toy-COCO', 'toy sets'),
+        'balloon': ('CIFAR-10', 'balloon', 'real photos: CIFAR-10, then balloon')}
 
 
 # ------------------------------------------------------------------------------------ schedule
@@ -64,11 +68,18 @@ def read_scalars(run_dir: str):
 
 
 def epoch_end_iters(train_rows) -> dict:
-    """{epoch: last logged iteration of that epoch}."""
+    """{validation step: last logged iteration before it}: the epoch's for an epoch-based run, the
+    iteration itself for an iteration-based one (its rows have no epoch)."""
     ends = {}
     for row in train_rows:
-        ends[row['epoch']] = max(ends.get(row['epoch'], 0), row['iter'])
+        step = row.get('epoch', row['iter'])
+        ends[step] = max(ends.get(step, 0), row['iter'])
     return ends
+
+
+def length(train_rows) -> str:
+    last = train_rows[-1]
+    return (f"{last['epoch']} epochs, " if 'epoch' in last else '') + f"{last['iter']} iterations"
 
 
 def backbone_load_line(run_dir: str):
@@ -82,14 +93,14 @@ def backbone_load_line(run_dir: str):
     return None
 
 
-def plot_curves(pretrain, finetune, out_path: str) -> None:
+def plot_curves(pretrain, finetune, sets, out_path: str) -> None:
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
-    panels = ((axes[0], pretrain, 'pretraining: LaplacianFormer-T classifier, toy-ImageNet',
+    panels = ((axes[0], pretrain, f'pretraining: LaplacianFormer-T classifier, {sets[0]}',
                (('accuracy/top1', 'val top-1 (%)'),)),
-              (axes[1], finetune, 'fine-tuning: Mask R-CNN from the classifier, toy-COCO',
+              (axes[1], finetune, f'fine-tuning: Mask R-CNN from the classifier, {sets[1]}',
                tuple((key, key.split('/')[1].replace('_mAP', ' mAP')) for key in AP_KEYS)))
     for axis, (train_rows, val_rows), title, metrics in panels:
         axis.plot([r['iter'] for r in train_rows], [r['loss'] for r in train_rows], color='0.35',
@@ -103,7 +114,7 @@ def plot_curves(pretrain, finetune, out_path: str) -> None:
             points = [(ends[r['step']], r[key]) for r in val_rows if key in r and r['step'] in ends]
             if points:
                 metric_axis.plot(*zip(*points), marker='o', label=label)
-        metric_axis.set_ylabel('validation, per epoch')
+        metric_axis.set_ylabel('validation')
         lines = axis.get_legend_handles_labels()
         more = metric_axis.get_legend_handles_labels()
         axis.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc='center right')
@@ -135,19 +146,19 @@ def minutes(seconds: float) -> str:
     return f'{int(seconds) // 60}m {int(seconds) % 60:02d}s'
 
 
-def summary_lines(work_dir, pretrain, finetune, metrics, stages, loaded, num_val, pictures) -> list:
+def summary_lines(work_dir, sets, pretrain, finetune, metrics, stages, loaded, num_val, pictures) -> list:
     (pre_train, pre_val), (ft_train, ft_val) = pretrain, finetune
     top1 = pre_val[-1].get('accuracy/top1') if pre_val else None
     rule = '=' * 92
     lines = [rule, ' mmlinattn demo: LaplacianFormer-T pretrained as a classifier, then fine-tuned as '
-             'Mask R-CNN (toy sets)', '-' * 92]
-    lines.append(f" 1. pretrain   classifier, toy-ImageNet   {pre_train[-1]['epoch']} epochs, "
-                 f"{pre_train[-1]['iter']} iterations   loss {pre_train[0]['loss']:.2f} -> "
+             f'Mask R-CNN ({sets[2]})', '-' * 92]
+    lines.append(f" 1. pretrain   classifier, {sets[0]:<14} {length(pre_train)}"
+                 f"   loss {pre_train[0]['loss']:.2f} -> "
                  f"{pre_train[-1]['loss']:.2f}   val top-1 "
                  + (f'{top1:.1f} %' if top1 is not None else 'n/a')
                  + f"   {minutes(stages.get('pretrain', 0))}")
-    lines.append(f" 2. fine-tune  Mask R-CNN, toy-COCO        {ft_train[-1]['epoch']} epochs, "
-                 f"{ft_train[-1]['iter']} iterations   loss {ft_train[0]['loss']:.2f} -> "
+    lines.append(f" 2. fine-tune  Mask R-CNN, {sets[1]:<14} {length(ft_train)}"
+                 f"   loss {ft_train[0]['loss']:.2f} -> "
                  f"{ft_train[-1]['loss']:.2f}   {minutes(stages.get('finetune', 0))}")
     if loaded:
         lines.append(f'    backbone initialised from {loaded[0]} (init_cfg Pretrained; not in the '
@@ -163,7 +174,7 @@ def summary_lines(work_dir, pretrain, finetune, metrics, stages, loaded, num_val
         lines.append(f'    {task:<10}  ' + '  '.join(f'{v:7.3f}' if isinstance(v, (int, float)) else '    n/a'
                                                   for v in values))
     lines.append(' pictures')
-    lines.append(f"    {pictures['curves']:<44} losses, val top-1 and AP per epoch")
+    lines.append(f"    {pictures['curves']:<44} losses, val top-1 and AP")
     lines.append(f"    {pictures['grid']:<44} {pictures['shown']} validation images: ground "
                  'truth | prediction')
     lines.append(f"    {osp.join(work_dir, 'predictions', ''):<44} all {num_val} drawn validation "
@@ -192,10 +203,11 @@ def report(args) -> None:
         raise SystemExit(f'error: no drawn predictions in {osp.join(work_dir, "predictions")}')
     pictures = dict(curves=osp.join(work_dir, 'curves.png'), grid=osp.join(work_dir, 'predictions.png'),
                     shown=min(NUM_SHOWN, len(drawn)))
-    plot_curves(pretrain, finetune, pictures['curves'])
+    sets = SETS[args.data]
+    plot_curves(pretrain, finetune, sets, pictures['curves'])
     predictions_grid(drawn[:NUM_SHOWN], pictures['grid'])
     loaded = backbone_load_line(osp.join(work_dir, 'finetune'))
-    print('\n'.join(summary_lines(work_dir, pretrain, finetune, metrics, stages, loaded, len(drawn),
+    print('\n'.join(summary_lines(work_dir, sets, pretrain, finetune, metrics, stages, loaded, len(drawn),
                                   pictures)), flush=True)
 
 
@@ -206,8 +218,9 @@ def parse_args(argv=None):
     sched = commands.add_parser('schedule', help="print a config's schedule (epochs x iterations)")
     sched.add_argument('config')
     sched.add_argument('--cfg-options', nargs='+', action=DictAction)
-    rep = commands.add_parser('report', help="the toy demo's curves, prediction grid and summary")
+    rep = commands.add_parser('report', help="the demo's curves, prediction grid and summary")
     rep.add_argument('work_dir')
+    rep.add_argument('--data', choices=sorted(SETS), default='toy', help='the sets the demo ran on')
     return parser.parse_args(argv)
 
 

