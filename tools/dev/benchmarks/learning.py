@@ -2,7 +2,7 @@
 [--out F.json] [--plot F.png]``.
 
 A task is one real set and its six configs (``TASKS``: ``configs/<set>/``, one per backbone:
-LaplacianFormer-T, Pola-PVT-T, Pola-Swin-T and the libraries' PVT-T, Swin-T and ResNet), , and on CIFAR-10
+LaplacianFormer-T, Pola-PVT-T, Pola-Swin-T and the libraries' PVT-T, Swin-T and ResNet), and on CIFAR-10
 the papers' ablation switches (``ABLATIONS``: ``--cfg-options`` on the LaplacianFormer-T and
 Pola-PVT-T configs). Every run is the config unchanged — its schedule, its start (random: no
 weights are loaded) — through ``tools/train.py`` in a subprocess, seeded with ``randomness.seed``;
@@ -10,14 +10,13 @@ the config's last validation (the held-out split) is the metric. From mmengine's
 ``vis_data/scalars.json`` of each run: the loss curve, the metric, and the speed — images/s from the
 mean iteration ``time`` and the batch size, the data-loading share ``data_time / time`` — beside the
 run's wall time (start-up and validation included). Rows are the mean over seeds with the spread
-(min-max) of the metric.
+(min-max) of the metric; the table and JSON are written by ``common.publish`` as in the other
+benchmarks, the runs (curves included) beside the table in the JSON.
 
 The sets are prepared first with ``tools/misc/download_dataset.py`` (``--data-root`` points a task at
 another copy, e.g. the full CIFAR-10 or CamVid instead of a mini set).
 """
 import argparse
-import glob
-import json
 import os
 import statistics
 import subprocess
@@ -25,7 +24,9 @@ import sys
 import time
 from typing import Dict, List
 
-from .common import REPO_ROOT, environment
+from dev.demo_report import read_scalars
+
+from .common import REPO_ROOT, Section, environment, publish
 
 BACKBONES = ('LaplacianFormer-T', 'Pola-PVT-T', 'Pola-Swin-T', 'PVT-T', 'Swin-T')
 
@@ -73,78 +74,62 @@ def _run_spec(spec):
     return (spec, None) if isinstance(spec, str) else spec
 
 
-def read_scalars(work_dir: str) -> dict:
-    """The training log of one run: loss curve, iteration times and the last validation."""
-    [path] = glob.glob(os.path.join(work_dir, '*', 'vis_data', 'scalars.json'))
-    curve, times, data_times, val = [], [], [], {}
-    with open(path) as f:
-        for line in f:
-            record = json.loads(line)
-            if 'loss' in record:
-                curve.append((record['step'], record['loss']))
-                times.append(record['time'])
-                data_times.append(record['data_time'])
-            else:
-                val = record
-    if not times or not val:
-        raise RuntimeError(f'{path}: no training records or no validation record')
-    steady = times[1:] or times  # the first window holds the start-up (worker spawn, first batches)
-    steady_data = data_times[1:] or data_times
-    return dict(curve=curve, iter_s=statistics.mean(steady),
-                data_share=statistics.mean(steady_data) / statistics.mean(steady), val=val)
+def run_record(work_dir: str) -> dict:
+    """The training log of one run (its latest ``scalars.json``): loss curve, mean iteration time,
+    data-loading share and the last validation."""
+    train, vals = read_scalars(work_dir)
+    if not train or not vals:
+        raise RuntimeError(f'{work_dir}: no training records or no validation record')
+    steady = train[1:] or train  # the first window holds the start-up (worker spawn, first batches)
+    iter_s = statistics.mean(r['time'] for r in steady)
+    return dict(curve=[(r['step'], r['loss']) for r in train], iter_s=iter_s,
+                data_share=statistics.mean(r['data_time'] for r in steady) / iter_s, val=vals[-1])
 
 
 def train_once(config: str, option, seed: int, work_dir: str, data_root) -> dict:
     """``tools/train.py config`` in a subprocess; the run's record."""
     from mmengine.config import Config
+    cfg = Config.fromfile(os.path.join(REPO_ROOT, config))
     options = [f'randomness.seed={seed}'] + ([option] if option else [])
     if data_root:
-        options += _data_root_options(Config.fromfile(os.path.join(REPO_ROOT, config)), data_root)
+        options += _data_root_options(cfg, data_root)
     command = [sys.executable, 'tools/train.py', config, '--work-dir', work_dir, '--cfg-options', *options]
     start = time.perf_counter()
     proc = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if proc.returncode:
         raise RuntimeError(f'{" ".join(command)} failed:\n{proc.stderr[-4000:]}')
-    record = read_scalars(work_dir)
-    batch = Config.fromfile(os.path.join(REPO_ROOT, config)).train_dataloader.batch_size
-    record.update(wall_s=wall, images_per_s=batch / record.pop('iter_s'))
+    record = run_record(work_dir)
+    record.update(wall_s=wall, images_per_s=cfg.train_dataloader.batch_size / record.pop('iter_s'))
     return record
 
 
 def _data_root_options(cfg, data_root: str) -> List[str]:
-    """``--cfg-options`` that move a config's datasets (and COCO evaluators) to ``data_root``."""
+    """``--cfg-options`` that move a config's datasets (and its COCO evaluator) to ``data_root``."""
     root = data_root.rstrip('/') + '/'
     options = [f'{loader}.dataset.data_root={root}' for loader in ('train_dataloader', 'val_dataloader')]
-    for evaluator in ('val_evaluator', ):
-        ann_file = cfg.get(evaluator, {}).get('ann_file')
-        if ann_file:
-            options.append(f'{evaluator}.ann_file={root}{ann_file[len(cfg.data_root):]}')
+    ann_file = cfg.get('val_evaluator', {}).get('ann_file')
+    if ann_file:
+        options.append(f'val_evaluator.ann_file={root}{ann_file[len(cfg.data_root):]}')
     return options
 
 
-def summarise(runs: List[dict], metric: str) -> List[dict]:
+def summarise(runs: List[dict], metric: str, split: str) -> Section:
+    """One row per model: the metric's mean and min-max over its seeds, mean wall time, images/s
+    and data_time share."""
     rows = []
     for label in dict.fromkeys(run['model'] for run in runs):
         mine = [run for run in runs if run['model'] == label]
         values = [run['val'][metric] for run in mine]
-        rows.append(dict(model=label, seeds=[run['seed'] for run in mine], metric=statistics.mean(values),
-                         spread=(min(values), max(values)),
-                         wall_s=statistics.mean(run['wall_s'] for run in mine),
-                         images_per_s=statistics.mean(run['images_per_s'] for run in mine),
-                         data_share=statistics.mean(run['data_share'] for run in mine)))
-    return rows
-
-
-def format_rows(rows: List[dict], metric: str) -> str:
-    lines = [f'| model | {metric} (mean) | min-max over seeds | wall time / run | train images/s | '
-             f'data_time share |', '|---|---|---|---|---|---|']
-    for row in rows:
-        low, high = row['spread']
-        lines.append(f"| {row['model']} | {row['metric']:.3f} | {low:.3f}-{high:.3f} "
-                     f"({len(row['seeds'])} seeds) | {row['wall_s'] / 60:.1f} min | "
-                     f"{row['images_per_s']:.1f} | {100 * row['data_share']:.0f}% |")
-    return '\n'.join(lines)
+        rows.append({'model': label, 'seeds': ' '.join(str(run['seed']) for run in mine),
+                     f'{metric} (mean)': statistics.mean(values), 'min': min(values), 'max': max(values),
+                     'wall min / run': statistics.mean(run['wall_s'] for run in mine) / 60,
+                     'train images/s': statistics.mean(run['images_per_s'] for run in mine),
+                     'data_time %': 100 * statistics.mean(run['data_share'] for run in mine)})
+    notes = [f'{metric} on {split}, the last validation of each run; every run from a random start.',
+             'wall time includes start-up and validation; images/s from the mean logged iteration time '
+             '(the first logging window left out) and the batch size; data_time % = data_time / time.']
+    return Section(f'Learning on real images: {metric}', list(rows[0]), rows, notes)
 
 
 def plot(result: dict, path: str) -> None:
@@ -200,17 +185,11 @@ def main(args) -> int:
             print(f"{label} seed {seed}: {metric} {record['val'][metric]:.3f}, "
                   f"{record['wall_s'] / 60:.1f} min, {record['images_per_s']:.1f} images/s, "
                   f"data_time {100 * record['data_share']:.0f}%", flush=True)
-    rows = summarise(runs, metric)
+    total_min = (time.perf_counter() - start) / 60
+    print(f"\n{args.task}: {total_min:.0f} min in all")
     result = dict(task=args.task, metric=metric, split=task['split'], data_root=data_root, seeds=args.seeds,
-                  total_min=(time.perf_counter() - start) / 60, environment=environment(), rows=rows,
-                  runs=runs)
-    print(f"\n{args.task}: {metric} on {task['split']}, {result['total_min']:.0f} min in all\n")
-    print(format_rows(rows, metric))
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, 'w') as f:
-            json.dump(result, f, indent=1)
-        print(f'\nJSON written to {args.out}')
+                  total_min=total_min, environment=environment(), runs=runs)
+    publish([summarise(runs, metric, task['split'])], args.out, result)
     if args.plot:
         plot(result, args.plot)
     return 0

@@ -1,0 +1,54 @@
+"""tools/benchmark.py learning, without training: a run's record from mmengine's scalars.json, the
+table over seeds, and the options that move a config to another data root."""
+import json
+
+import pytest
+from mmengine.config import Config
+
+from dev.benchmarks import learning
+from e2e_utils import ROOT
+
+
+def _write_scalars(work_dir, stamp, records):
+    path = work_dir / stamp / 'vis_data' / 'scalars.json'
+    path.parent.mkdir(parents=True)
+    path.write_text(''.join(json.dumps(r) + '\n' for r in records))
+
+
+def test_run_record_reads_the_latest_run_and_leaves_out_the_first_window(tmp_path):
+    train = [dict(step=10, loss=2.0, time=5.0, data_time=4.0), dict(step=20, loss=1.5, time=1.0, data_time=0.1),
+             dict(step=30, loss=1.0, time=3.0, data_time=0.3)]
+    _write_scalars(tmp_path, '20260101_000000', [dict(step=5, loss=9.0, time=1.0, data_time=0.0), {'acc': 1.0}])
+    _write_scalars(tmp_path, '20260102_000000', train + [{'acc': 10.0, 'step': 15}, {'acc': 42.0, 'step': 30}])
+    record = learning.run_record(str(tmp_path))
+    assert record['curve'] == [(10, 2.0), (20, 1.5), (30, 1.0)]
+    assert record['iter_s'] == pytest.approx(2.0)
+    assert record['data_share'] == pytest.approx(0.2 / 2.0)
+    assert record['val'] == {'acc': 42.0, 'step': 30}
+
+
+def test_run_record_refuses_a_log_without_validation(tmp_path):
+    _write_scalars(tmp_path, '20260101_000000', [dict(step=1, loss=1.0, time=1.0, data_time=0.1)])
+    with pytest.raises(RuntimeError, match='no validation record'):
+        learning.run_record(str(tmp_path))
+
+
+def test_summary_rows_are_means_with_the_seeds_range():
+    runs = [dict(model=m, seed=s, val={'mIoU': v}, wall_s=60.0 * (s + 1), images_per_s=10.0 + s, data_share=0.1)
+            for m, s, v in [('A', 0, 10.0), ('A', 1, 20.0), ('B', 0, 5.0)]]
+    section = learning.summarise(runs, 'mIoU', 'val')
+    assert [row['model'] for row in section.rows] == ['A', 'B']
+    a = section.rows[0]
+    assert (a['seeds'], a['mIoU (mean)'], a['min'], a['max']) == ('0 1', 15.0, 10.0, 20.0)
+    assert (a['wall min / run'], a['train images/s'], a['data_time %']) == (1.5, 10.5, pytest.approx(10.0))
+    assert section.columns == list(a)
+
+
+def test_data_root_options_move_the_datasets_and_the_coco_evaluator():
+    cfg = Config.fromfile(f'{ROOT}/configs/balloon/mask_rcnn_laplacian_tiny_balloon.py')
+    assert learning._data_root_options(cfg, '/elsewhere/balloon') == [
+        'train_dataloader.dataset.data_root=/elsewhere/balloon/', 'val_dataloader.dataset.data_root=/elsewhere/balloon/',
+        'val_evaluator.ann_file=/elsewhere/balloon/annotations/instances_val.json']
+    cifar = Config.fromfile(f'{ROOT}/configs/cifar10/resnet18_1xb32_cifar10.py')
+    assert learning._data_root_options(cifar, 'd/') == ['train_dataloader.dataset.data_root=d/',
+                                                         'val_dataloader.dataset.data_root=d/']
