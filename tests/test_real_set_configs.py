@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from dev.benchmarks.learning import TASKS
-from e2e_utils import REAL_SETS, ROOT, load_config
+from e2e_utils import REAL_SETS, ROOT, load_config, real_set_of
 
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, 'configs', '*', '*.py')))
-REAL_CONFIGS = [path for path in CONFIGS if os.path.basename(os.path.dirname(path)) in REAL_SETS]
+REAL_CONFIGS = [path for path in CONFIGS if real_set_of(path)]
 NUM_CLASSES = {'balloon': 1, 'coco128': 80, 'camvid': 11, 'cifar10': 10}
 # what the configs read, relative to the set's folder (the tool's layout, docs/datasets.md)
 LAYOUT = {'balloon': {'annotations/instances_train.json', 'annotations/instances_val.json', 'train/', 'val/'},
@@ -25,15 +25,11 @@ def _id(path):
     return os.path.relpath(path, os.path.join(ROOT, 'configs'))[:-3]
 
 
-def _set(path):
-    return os.path.basename(os.path.dirname(path))
-
-
 def test_every_task_of_the_benchmark_has_its_six_backbones():
     for name in REAL_SETS:
         configs = [os.path.join(ROOT, spec) for spec in TASKS[name]['runs'].values() if isinstance(spec, str)]
         assert len(configs) == 6, name
-        assert set(configs) == {p for p in REAL_CONFIGS if _set(p) == name}, name
+        assert set(configs) == {p for p in REAL_CONFIGS if real_set_of(p) == name}, name
 
 
 def test_the_cifar10_table_holds_one_ablation_row_per_switch():
@@ -59,7 +55,7 @@ def test_real_set_config_builds_with_the_task_heads_and_channels(path):
 
     from mmengine.registry import init_default_scope
     cfg = load_config(path)
-    name = _set(path)
+    name = real_set_of(path)
     assert 'mmlinattn' in cfg.custom_imports['imports']
     assert cfg.default_hooks.safe_checkpoint_loading == dict(type='mmlinattn.SafeCheckpointLoadingHook')
     for loader in ('train_dataloader', 'val_dataloader'):

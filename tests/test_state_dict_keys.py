@@ -16,11 +16,17 @@ import torch
 from e2e_utils import ROOT, load_config
 
 CONFIGS_DIR = os.path.join(ROOT, 'configs')
-# the configs whose backbone is the plugin's (the real sets' baselines are the libraries')
+
+
+def _has_plugin_backbone(path: str) -> bool:
+    """The plugin's own backbone (the real sets' baselines are the libraries', some wrapped in
+    TupleOutputs)."""
+    backbone = load_config(path).model.backbone.type
+    return backbone.startswith('mmlinattn.') and backbone != 'mmlinattn.TupleOutputs'
+
+
 CONFIGS = sorted(path for path in glob.glob(os.path.join(CONFIGS_DIR, '**', '*.py'), recursive=True)
-                 if '_base_' not in os.path.relpath(path, CONFIGS_DIR).split(os.sep)
-                 and load_config(path).model.backbone.type.startswith('mmlinattn.')
-                 and load_config(path).model.backbone.type != 'mmlinattn.TupleOutputs')
+                 if '_base_' not in os.path.relpath(path, CONFIGS_DIR).split(os.sep) and _has_plugin_backbone(path))
 EXPECTED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'state_dict_keys.json')
 
 
