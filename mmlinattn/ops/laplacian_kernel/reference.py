@@ -42,9 +42,7 @@ def l1_distance_exportable(q: torch.Tensor, k: torch.Tensor,
     q, k = q.unsqueeze(-2), k.unsqueeze(-3)  # [..., N, 1, D], [..., 1, M, D]
     dist = None
     for start in range(0, num_channels, channels_per_step):
-        stop = min(start + channels_per_step, num_channels)
-        q_part, k_part = ((q, k) if (start, stop) == (0, num_channels) else
-                          (q[..., start:stop], k[..., start:stop]))
-        part = (q_part - k_part).abs().sum(-1)
+        stop = start + channels_per_step  # a slice past the end stops at it
+        part = (q[..., start:stop] - k[..., start:stop]).abs().sum(-1)
         dist = part if dist is None else dist + part
     return dist
