@@ -8,7 +8,8 @@ written for (``auto_scale_lr.base_batch_size``, e.g. 8 GPUs x 2 images) and at o
 builds the training set to count its images, so the data must be there.
 
 ``report`` reads the work dir of the demo (``--data toy``: the synthetic sets; ``--data balloon``:
-CIFAR-10 pretraining, balloon fine-tuning) (``pretrain/`` and ``finetune/`` training runs,
+CIFAR-10 pretraining, balloon fine-tuning) (``pretrain/`` and ``finetune/`` training runs, no
+``pretrain/`` when the detector started from random weights,
 ``metrics.json`` and ``predictions/`` from ``tools/test.py --show-dir``, ``stage_seconds.txt``),
 writes ``curves.png`` (training losses with the validation top-1 accuracy and COCO AP per epoch)
 and ``predictions.png`` (a handful of the drawn validation images), and prints a one-screen summary.
@@ -24,7 +25,7 @@ AP_KEYS = ('coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP', 'coco/segm_mAP_
 NUM_SHOWN = 6
 # --data -> (pretraining set, fine-tuning set, what the sets are)
 SETS = {'toy': ('toy-ImageNet', 'toy-COCO', 'toy sets'),
-        'balloon': ('CIFAR-10', 'balloon', 'real photos: CIFAR-10, then balloon')}
+        'balloon': ('CIFAR-10', 'balloon', 'real photos')}
 
 
 # ------------------------------------------------------------------------------------ schedule
@@ -94,15 +95,19 @@ def backbone_load_line(run_dir: str):
 
 
 def plot_curves(pretrain, finetune, sets, out_path: str) -> None:
+    """One panel per training run: the pretraining's (when there was one) and the fine-tuning's."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
-    panels = ((axes[0], pretrain, f'pretraining: LaplacianFormer-T classifier, {sets[0]}',
-               (('accuracy/top1', 'val top-1 (%)'),)),
-              (axes[1], finetune, f'fine-tuning: Mask R-CNN from the classifier, {sets[1]}',
-               tuple((key, key.split('/')[1].replace('_mAP', ' mAP')) for key in AP_KEYS)))
-    for axis, (train_rows, val_rows), title, metrics in panels:
+    ap_curves = tuple((key, key.split('/')[1].replace('_mAP', ' mAP')) for key in AP_KEYS)
+    if pretrain is None:
+        panels = [(finetune, f'Mask R-CNN from random weights, {sets[1]}', ap_curves)]
+    else:
+        panels = [(pretrain, f'pretraining: LaplacianFormer-T classifier, {sets[0]}',
+                   (('accuracy/top1', 'val top-1 (%)'),)),
+                  (finetune, f'fine-tuning: Mask R-CNN from the classifier, {sets[1]}', ap_curves)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.6), squeeze=False)
+    for axis, ((train_rows, val_rows), title, metrics) in zip(axes[0], panels):
         axis.plot([r['iter'] for r in train_rows], [r['loss'] for r in train_rows], color='0.35',
                   label='training loss')
         axis.set_xlabel('iteration')
@@ -147,23 +152,28 @@ def minutes(seconds: float) -> str:
 
 
 def summary_lines(work_dir, sets, pretrain, finetune, metrics, stages, loaded, num_val, pictures) -> list:
-    (pre_train, pre_val), (ft_train, ft_val) = pretrain, finetune
-    top1 = pre_val[-1].get('accuracy/top1') if pre_val else None
+    """The one-screen summary; ``pretrain`` is None for a detector trained from random weights."""
+    ft_train, _ = finetune
     rule = '=' * 92
-    lines = [rule, ' mmlinattn demo: LaplacianFormer-T pretrained as a classifier, then fine-tuned as '
-             f'Mask R-CNN ({sets[2]})', '-' * 92]
-    lines.append(f" 1. pretrain   classifier, {sets[0]:<14} {length(pre_train)}"
-                 f"   loss {pre_train[0]['loss']:.2f} -> "
-                 f"{pre_train[-1]['loss']:.2f}   val top-1 "
-                 + (f'{top1:.1f} %' if top1 is not None else 'n/a')
-                 + f"   {minutes(stages.get('pretrain', 0))}")
-    lines.append(f" 2. fine-tune  Mask R-CNN, {sets[1]:<14} {length(ft_train)}"
+    start = 'pretrained as a classifier, then fine-tuned as' if pretrain else 'from random weights,'
+    lines = [rule, f' mmlinattn demo: LaplacianFormer-T {start} Mask R-CNN ({sets[2]})', '-' * 92]
+    if pretrain:
+        pre_train, pre_val = pretrain
+        top1 = pre_val[-1].get('accuracy/top1') if pre_val else None
+        lines.append(f" 1. pretrain   classifier, {sets[0]:<14} {length(pre_train)}"
+                     f"   loss {pre_train[0]['loss']:.2f} -> "
+                     f"{pre_train[-1]['loss']:.2f}   val top-1 "
+                     + (f'{top1:.1f} %' if top1 is not None else 'n/a')
+                     + f"   {minutes(stages.get('pretrain', 0))}")
+    else:
+        lines.append(' 1. pretrain   none: the detector starts from random weights')
+    lines.append(f" 2. {'fine-tune' if pretrain else 'train':<9}  Mask R-CNN, {sets[1]:<14} {length(ft_train)}"
                  f"   loss {ft_train[0]['loss']:.2f} -> "
                  f"{ft_train[-1]['loss']:.2f}   {minutes(stages.get('finetune', 0))}")
-    if loaded:
+    if pretrain and loaded:
         lines.append(f'    backbone initialised from {loaded[0]} (init_cfg Pretrained; not in the '
                      f'classifier: {loaded[1]})')
-    else:
+    elif pretrain:
         lines.append('    WARNING: the fine-tuning log has no "LaplacianFormer: loaded" line: the '
                      'backbone was NOT initialised from the classifier')
     lines.append(f" 3. test       mmdet CocoMetric on {num_val} validation images   "
@@ -174,7 +184,7 @@ def summary_lines(work_dir, sets, pretrain, finetune, metrics, stages, loaded, n
         lines.append(f'    {task:<10}  ' + '  '.join(f'{v:7.3f}' if isinstance(v, (int, float)) else '    n/a'
                                                   for v in values))
     lines.append(' pictures')
-    lines.append(f"    {pictures['curves']:<44} losses, val top-1 and AP")
+    lines.append(f"    {pictures['curves']:<44} losses, {'val top-1 and ' if pretrain else ''}AP")
     lines.append(f"    {pictures['grid']:<44} {pictures['shown']} validation images: ground "
                  'truth | prediction')
     lines.append(f"    {osp.join(work_dir, 'predictions', ''):<44} all {num_val} drawn validation "
@@ -187,7 +197,7 @@ def summary_lines(work_dir, sets, pretrain, finetune, metrics, stages, loaded, n
 
 def report(args) -> None:
     work_dir = args.work_dir
-    pretrain = read_scalars(osp.join(work_dir, 'pretrain'))
+    pretrain = read_scalars(osp.join(work_dir, 'pretrain')) if osp.isdir(osp.join(work_dir, 'pretrain')) else None
     finetune = read_scalars(osp.join(work_dir, 'finetune'))
     with open(osp.join(work_dir, 'metrics.json')) as f:
         metrics = json.load(f)
