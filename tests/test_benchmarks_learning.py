@@ -34,14 +34,18 @@ def test_run_record_refuses_a_log_without_validation(tmp_path):
 
 
 def test_summary_rows_are_means_with_the_seeds_range():
-    runs = [dict(model=m, seed=s, val={'mIoU': v}, wall_s=60.0 * (s + 1), images_per_s=10.0 + s, data_share=0.1)
+    runs = [dict(model=m, seed=s, val={'mIoU': v, 'aAcc': 2 * v}, curve=[(10, 9.0), (20, v / 10)],
+                 wall_s=60.0 * (s + 1), images_per_s=10.0 + s, data_share=0.1)
             for m, s, v in [('A', 0, 10.0), ('A', 1, 20.0), ('B', 0, 5.0)]]
-    section = learning.summarise(runs, 'mIoU', 'val')
+    section = learning.summarise(runs, ('mIoU', 'aAcc'), 'val')
     assert [row['model'] for row in section.rows] == ['A', 'B']
     a = section.rows[0]
-    assert (a['seeds'], a['mIoU (mean)'], a['min'], a['max']) == ('0 1', 15.0, 10.0, 20.0)
+    assert (a['seeds'], a['mIoU (mean)'], a['min'], a['max'], a['aAcc (mean)']) == ('0 1', 15.0, 10.0, 20.0, 30.0)
+    assert a['last train loss'] == pytest.approx(1.5)
     assert (a['wall min / run'], a['train images/s'], a['data_time %']) == (1.5, 10.5, pytest.approx(10.0))
-    assert section.columns == list(a)
+    assert section.columns == ['model', 'seeds', 'mIoU (mean)', 'min', 'max', 'aAcc (mean)', 'last train loss',
+                               'wall min / run', 'train images/s', 'data_time %']
+    assert section.rows[1]['aAcc (mean)'] == 10.0
 
 
 def test_data_root_options_move_the_datasets_and_the_coco_evaluator():

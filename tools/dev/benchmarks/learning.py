@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 from dev.demo_report import read_scalars
 
@@ -114,19 +114,26 @@ def _data_root_options(cfg, data_root: str) -> List[str]:
     return options
 
 
-def summarise(runs: List[dict], metric: str, split: str) -> Section:
-    """One row per model: the metric's mean and min-max over its seeds, mean wall time, images/s
-    and data_time share."""
+def summarise(runs: List[dict], metrics: Sequence[str], split: str) -> Section:
+    """One row per model: the first metric's mean and min-max over its seeds, the other metrics'
+    means, the last logged training loss (the fit, where the metric is at its floor), mean wall time,
+    images/s and data_time share."""
+    metric = metrics[0]
     rows = []
     for label in dict.fromkeys(run['model'] for run in runs):
         mine = [run for run in runs if run['model'] == label]
         values = [run['val'][metric] for run in mine]
-        rows.append({'model': label, 'seeds': ' '.join(str(run['seed']) for run in mine),
-                     f'{metric} (mean)': statistics.mean(values), 'min': min(values), 'max': max(values),
-                     'wall min / run': statistics.mean(run['wall_s'] for run in mine) / 60,
-                     'train images/s': statistics.mean(run['images_per_s'] for run in mine),
-                     'data_time %': 100 * statistics.mean(run['data_share'] for run in mine)})
+        row = {'model': label, 'seeds': ' '.join(str(run['seed']) for run in mine),
+               f'{metric} (mean)': statistics.mean(values), 'min': min(values), 'max': max(values)}
+        row.update({f'{other} (mean)': statistics.mean(run['val'][other] for run in mine)
+                    for other in metrics[1:]})
+        row.update({'last train loss': statistics.mean(run['curve'][-1][1] for run in mine),
+                    'wall min / run': statistics.mean(run['wall_s'] for run in mine) / 60,
+                    'train images/s': statistics.mean(run['images_per_s'] for run in mine),
+                    'data_time %': 100 * statistics.mean(run['data_share'] for run in mine)})
+        rows.append(row)
     notes = [f'{metric} on {split}, the last validation of each run; every run from a random start.',
+             'last train loss: the mean loss of the last logging window, averaged over seeds.',
              'wall time includes start-up and validation; images/s from the mean logged iteration time '
              '(the first logging window left out) and the batch size; data_time % = data_time / time.']
     return Section(f'Learning on real images: {metric}', list(rows[0]), rows, notes)
@@ -189,7 +196,7 @@ def main(args) -> int:
     print(f"\n{args.task}: {total_min:.0f} min in all")
     result = dict(task=args.task, metric=metric, split=task['split'], data_root=data_root, seeds=args.seeds,
                   total_min=total_min, environment=environment(), runs=runs)
-    publish([summarise(runs, metric, task['split'])], args.out, result)
+    publish([summarise(runs, task['metrics'], task['split'])], args.out, result)
     if args.plot:
         plot(result, args.plot)
     return 0
