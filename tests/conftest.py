@@ -47,14 +47,19 @@ def compiled_ops(monkeypatch):
     return torch.ops.mmlinattn
 
 
-@pytest.fixture(autouse=True)
-def isolated_default_scope():
-    """Undo the mmengine default scope a test sets (``init_default_scope``, a Runner): registries
+def _restore_default_scope():
+    """Undo the mmengine default scope set meanwhile (``init_default_scope``, a Runner): registries
     build through the current default scope, so one left behind changes what later tests build."""
     from mmengine.registry import DefaultScope
     saved = DefaultScope._instance_dict.copy()
     yield
     DefaultScope._instance_dict = saved
+
+
+# Per test, and per module for what module-scoped fixtures set (they run outside a test's own
+# restore: test_configs' config walk builds each model under its library's scope).
+isolated_default_scope = pytest.fixture(autouse=True)(_restore_default_scope)
+isolated_module_default_scope = pytest.fixture(autouse=True, scope='module')(_restore_default_scope)
 
 
 @pytest.fixture(scope='session')
