@@ -100,7 +100,10 @@ def check_against_reference(inputs, tol):
         assert_close_scaled(name, grad, ref_grad, tol, floor)
 
 
-@pytest.mark.parametrize('dtype, tol', [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+# bf16: the inputs are exact in both, so the error is the kernel's: the rounding of out and the
+# gradients to bf16 (2^-9 relative) over fp32 accumulation.
+@pytest.mark.parametrize('dtype, tol', [(torch.float64, 1e-10), (torch.float32, 1e-5),
+                                        (torch.bfloat16, 1e-2)])
 @pytest.mark.parametrize('value_dim', [2, 32, 64])
 @pytest.mark.parametrize('head_dim', [1, 16, 32, 64])
 @pytest.mark.parametrize('pair_index', range(len(TOKEN_PAIRS)))
@@ -129,19 +132,39 @@ def test_cpu_gradcheck_through_power_parametrisation(compiled):
     assert torch.autograd.gradcheck(fn, (theta, ), eps=1e-6, atol=1e-7)
 
 
-def test_cpu_exact_zeros_have_zero_gradient(compiled):
-    """relu(x)^p at x = 0: the features, dx and dpower contributions are 0, as in autograd."""
-    q, k, v, power = make_inputs(1, 2, 9, 8, 4, 6, torch.float64)
+@pytest.mark.parametrize('dtype, tol', [(torch.float64, 1e-10), (torch.bfloat16, 1e-2)])
+def test_cpu_exact_zeros_have_zero_gradient(compiled, dtype, tol):
+    """relu(x)^p at x = 0 (and -0): the features, dx and dpower contributions are 0, as in
+    autograd."""
+    q, k, v, power = make_inputs(1, 2, 9, 8, 4, 6, dtype)
     q[..., ::3, 1] = 0
+    q[..., 1::3, 1] = -0.0
     k[..., ::2, 2] = 0
     power[0, 0] = 0.5  # p < 1: the derivative of |x|^p is unbounded near 0 but 0 at 0
     out, grads, grad_out = forward_backward(polarity_linear_attention, (q, k, v, power))
     ref_out, ref_grads = reference_fp64((q, k, v, power), grad_out)
-    assert_close_scaled('out', out, ref_out, 1e-10)
+    assert_close_scaled('out', out, ref_out, tol)
     for name, grad, ref_grad in zip(('dq', 'dk', 'dv', 'dpower'), grads, ref_grads):
         assert torch.isfinite(grad).all(), name
-        assert_close_scaled(name, grad, ref_grad, 1e-10)
+        assert_close_scaled(name, grad, ref_grad, tol)
     assert (grads[0][..., ::3, 1] == 0).all() and (grads[1][..., ::2, 2] == 0).all()
+
+
+def test_cpu_bf16_over_the_whole_exponent_range(compiled):
+    """bf16 features |x|^p from subnormal (1e-39) to large (1e3) |x|, at every channel count
+    around the 16-lane vectors: within bf16's error of the fp64 reference."""
+    for head_dim in (1, 15, 16, 17, 40):
+        q, k, v, power = make_inputs(2, 2, 40, 33, head_dim, 4, torch.float64, seed=head_dim)
+        magnitude = torch.logspace(-39, 3, 40, dtype=torch.float64)[torch.randperm(40)]
+        q = (q * magnitude[:, None]).bfloat16()
+        k = (k * magnitude[:33, None].flip(0) * 1e-3).bfloat16()
+        inputs = (q, k, v.bfloat16(), power.bfloat16())
+        assert (q.abs() < 1.2e-38).any() and (q.abs() > 1e2).any()
+        out, grads, grad_out = forward_backward(polarity_linear_attention, inputs)
+        ref_out, ref_grads = reference_fp64(inputs, grad_out)
+        assert_close_scaled('out', out, ref_out, 1e-2)
+        for name, grad, ref_grad in zip(('dq', 'dk', 'dv', 'dpower'), grads, ref_grads):
+            assert_close_scaled(name, grad, ref_grad, 1e-2)
 
 
 def test_cpu_non_contiguous_inputs(compiled):
@@ -250,7 +273,7 @@ def test_raw_op_checks_shapes(compiled):
         compiled.polarity_linear_attention_backward(out, q, k, v, power, out, state[..., :3], den)
 
 
-@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64, torch.bfloat16])
 def test_opcheck(compiled, dtype):
     """Schema, fake (meta) kernel, autograd registration and AOT dispatch of both operators."""
     q, k, v, power = make_inputs(2, 3, 37, 300, 5, 6, dtype, away_from_zero=True)
@@ -274,14 +297,15 @@ def test_mixed_dtypes_are_promoted(monkeypatch, mode):
     torch.testing.assert_close(out, expected)
 
 
+@pytest.mark.parametrize('dtype', [torch.float64, torch.bfloat16])
 @pytest.mark.parametrize('mode', ['compiled', 'reference'])
-def test_non_finite_inputs_propagate(monkeypatch, mode):
+def test_non_finite_inputs_propagate(monkeypatch, mode, dtype):
     """No value checks: a NaN in query i gives NaN in row i only; a NaN in a key reaches the
     state and so every row of that (batch, head); a NaN in value channel c, column c of every
     row of that (batch, head); other heads stay finite. Every implementation gives the same NaN
     pattern."""
     monkeypatch.setenv('MMLINATTN_OPS', mode)
-    q, k, v, power = make_inputs(2, 2, 7, 5, 4, 6, torch.float64)
+    q, k, v, power = make_inputs(2, 2, 7, 5, 4, 6, dtype)
     q[0, 0, 3, 1] = float('nan')
     k[1, 1, 2, 0] = float('nan')
     v[0, 1, 4, 5] = float('nan')
