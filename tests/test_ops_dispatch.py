@@ -20,9 +20,12 @@ def test_one_dtype_rule():
         assert compute_dtype(dtype) == torch.float32
     assert promote(torch.ones(1, dtype=torch.float16), torch.ones(1)) == torch.float32
     assert promote(torch.ones(1), torch.ones(1, dtype=torch.float64)) == torch.float64
-    for op in dispatch.KERNEL_DTYPES:  # half inputs on the CPU run the fp32 kernel
-        assert dispatch.kernel_dtype(op, 'cpu', torch.bfloat16) == torch.float32
+    for op in dispatch.KERNEL_DTYPES:  # half inputs on the CPU run the fp32 kernel, or bf16's
+        bf16 = torch.bfloat16 if torch.bfloat16 in dispatch.KERNEL_DTYPES[op]['cpu'] else torch.float32
+        assert dispatch.kernel_dtype(op, 'cpu', torch.bfloat16) == bf16
+        assert dispatch.kernel_dtype(op, 'cpu', torch.float16) == torch.float32
         assert dispatch.kernel_dtype(op, 'cpu', torch.float64) == torch.float64
+    assert dispatch.kernel_dtype('polarity_linear_attention', 'cpu', torch.bfloat16) == torch.bfloat16
     assert dispatch.kernel_dtype('laplacian_kernel', 'cuda', torch.float64) is None
 
 

@@ -53,7 +53,8 @@ KERNEL_DTYPES: Dict[str, Dict[str, Tuple[torch.dtype, ...]]] = {
     'laplacian_kernel': {'cpu': (torch.float32, torch.float64), 'cuda': _HALF_AND_FP32},
     'newton_schulz_inverse': {'cpu': (torch.float32, torch.float64),
                               'cuda': (torch.float32, torch.float64)},
-    'polarity_linear_attention': {'cpu': (torch.float32, torch.float64), 'cuda': _HALF_AND_FP32},
+    'polarity_linear_attention': {'cpu': (torch.float32, torch.float64, torch.bfloat16),
+                                  'cuda': _HALF_AND_FP32},
 }
 # op -> the C++ extension's forward operator, whose per-device kernels are looked up.
 FORWARD_OPERATORS = {
