@@ -12,8 +12,24 @@ from torch import nn
 from .padding import pad_to_multiple
 
 
+def patch_linear(grid: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
+    """``conv`` (kernel p, stride p, no padding) as one matmul over the non-overlapping p x p patches.
+
+    grid: channels-last [B, H, W, C_in] with H, W multiples of p -> [B, H/p, W/p, C_out]. Each
+    patch is flattened in (row, column, channel) order and multiplied by the conv weight permuted to
+    that order: the conv's result up to summation order, as a GEMM, which runs on the matrix units
+    in bf16 where a strided convolution does not (and its backward is two more GEMMs).
+    """
+    batch, height, width, channels = grid.shape
+    p = conv.stride[0]
+    patches = grid.reshape(batch, height // p, p, width // p, p, channels).transpose(2, 3)
+    patches = patches.reshape(batch, height // p, width // p, p * p * channels)
+    weight = conv.weight.permute(0, 2, 3, 1).reshape(conv.out_channels, -1)
+    return F.linear(patches, weight, conv.bias)
+
+
 class PatchEmbed(nn.Module):
-    """``LN(Conv2d(C_in, C, p, stride=p)(x))`` as tokens.
+    """``LN(Conv2d(C_in, C, p, stride=p)(x))`` as tokens, the conv computed by :func:`patch_linear`.
 
     The image is zero-padded on the bottom/right to a multiple of p, so any size works and the grid
     is ``(ceil(H/p), ceil(W/p))``; sizes that are multiples of p are not padded.
@@ -29,9 +45,9 @@ class PatchEmbed(nn.Module):
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
         p = self.patch_size
         padding = (0, pad_to_multiple(x.shape[-1], p), 0, pad_to_multiple(x.shape[-2], p))
-        x = self.proj(F.pad(x, padding))
-        hw_shape = (x.shape[2], x.shape[3])
-        return self.norm(x.flatten(2).transpose(1, 2)), hw_shape
+        tokens = patch_linear(F.pad(x, padding).permute(0, 2, 3, 1), self.proj)  # [B, H', W', C]
+        hw_shape = (tokens.shape[1], tokens.shape[2])
+        return self.norm(tokens.flatten(1, 2)), hw_shape
 
 
 class PatchMerging(nn.Module):
