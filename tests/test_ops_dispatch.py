@@ -112,11 +112,15 @@ def test_cuda_default_is_one_table_of_every_op():
     other devices the C++ kernel, then the reference (Triton never runs there unless forced)."""
     assert set(dispatch.CUDA_DEFAULT) == set(dispatch.PACKAGES) == set(dispatch.KERNEL_DTYPES)
     for op, first in dispatch.CUDA_DEFAULT.items():
+        assert dispatch.auto_order(op, 'cpu') == ('compiled', 'reference')
+        if first == 'reference':  # no kernel of ours on CUDA, by design: no fallback to warn about
+            assert dispatch.auto_order(op, 'cuda') == ('reference', )
+            assert 'cuda' not in dispatch.KERNEL_DTYPES[op] and op not in dispatch.TRITON_KERNELS
+            continue
         assert first in ('triton', 'compiled')
         order = dispatch.auto_order(op, 'cuda')
         assert order[0] == first and sorted(order[:2]) == ['compiled', 'triton']
         assert order[2] == 'reference'
-        assert dispatch.auto_order(op, 'cpu') == ('compiled', 'reference')
 
 
 def test_auto_on_cuda_runs_triton_and_says_why_it_falls_back(fresh_warnings):

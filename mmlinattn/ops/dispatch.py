@@ -14,8 +14,9 @@
 :func:`choose` decides per call, from ``MMLINATTN_OPS``, the device type and the dtype only (no
 tensor values):
 
-- ``reference`` forces the reference; ``compiled`` / ``triton`` force that implementation and
-  raise ``RuntimeError`` saying why where it cannot run;
+- ``reference`` forces the reference; ``compiled`` / ``triton`` force that implementation on the
+  ops that have one of that kind for the device (:func:`has_implementation`; the others run as
+  in ``auto``) and raise ``RuntimeError`` saying why where it cannot run;
 - ``auto`` (the default) runs, on CUDA, :data:`CUDA_DEFAULT`'s implementation, then the other
   kernel, then the reference; on any other device the C++ kernel, then the reference. Each
   fallback is said once per process and reason with a :class:`FallbackWarning`.
@@ -47,6 +48,7 @@ PACKAGES = {
     'laplacian_kernel': 'laplacian_kernel',
     'newton_schulz_inverse': 'newton_schulz',
     'polarity_linear_attention': 'polarity_attention',
+    'depthwise_conv2d': 'depthwise_conv',
 }
 # op -> device type -> the dtypes its compiled (C++) kernel takes.
 KERNEL_DTYPES: Dict[str, Dict[str, Tuple[torch.dtype, ...]]] = {
@@ -55,12 +57,15 @@ KERNEL_DTYPES: Dict[str, Dict[str, Tuple[torch.dtype, ...]]] = {
                               'cuda': (torch.float32, torch.float64)},
     'polarity_linear_attention': {'cpu': (torch.float32, torch.float64, torch.bfloat16),
                                   'cuda': _HALF_AND_FP32},
+    # CPU only: on CUDA, cuDNN's depthwise convolution and its gradients (the reference) are fast.
+    'depthwise_conv2d': {'cpu': (torch.float32, torch.float64, torch.bfloat16)},
 }
 # op -> the C++ extension's forward operator, whose per-device kernels are looked up.
 FORWARD_OPERATORS = {
     'laplacian_kernel': 'laplacian_kernel_forward',
     'newton_schulz_inverse': 'newton_schulz_inverse',
     'polarity_linear_attention': 'polarity_linear_attention_forward',
+    'depthwise_conv2d': 'depthwise_conv2d_forward',
 }
 
 
@@ -100,6 +105,8 @@ CUDA_DEFAULT = {
     'laplacian_kernel': 'triton',
     'newton_schulz_inverse': 'triton',
     'polarity_linear_attention': 'triton',
+    # No kernel of ours on CUDA: cuDNN's depthwise convolution and its gradients are fast there.
+    'depthwise_conv2d': 'reference',
 }
 
 IMPLEMENTATION_NAMES = {'compiled': 'compiled kernel', 'triton': 'Triton kernel',
@@ -284,11 +291,23 @@ def forced(mode: str):
 
 
 def auto_order(op: str, device_type: str) -> Tuple[str, ...]:
-    """The implementations ``auto`` tries, in order (the reference always runs)."""
+    """The implementations ``auto`` tries, in order (the reference always runs). An op whose
+    :data:`CUDA_DEFAULT` is the reference runs it on CUDA by design, without a warning."""
     if device_type == 'cuda':
         first = CUDA_DEFAULT[op]
+        if first == 'reference':
+            return ('reference', )
         return (first, 'compiled' if first == 'triton' else 'triton', 'reference')
     return ('compiled', 'reference')
+
+
+def has_implementation(op: str, implementation: str, device_type: str) -> bool:
+    """Whether ``op`` has an ``implementation`` ('compiled' / 'triton') for the device type at
+    all, installed or not: not on CUDA where its :data:`CUDA_DEFAULT` is the reference, and no
+    Triton one outside :data:`TRITON_KERNELS`."""
+    if device_type == 'cuda' and CUDA_DEFAULT[op] == 'reference':
+        return False
+    return op in TRITON_KERNELS if implementation == 'triton' else True
 
 
 @torch.compiler.assume_constant_result
@@ -302,7 +321,7 @@ def choose(op: str, device_type: str, dtype: torch.dtype) -> str:
     mode = ops_mode()
     if mode == 'reference':
         return 'reference'
-    if mode != 'auto':
+    if mode != 'auto' and has_implementation(op, mode, device_type):
         reason = _REASONS[mode](op, device_type, dtype)
         if reason:
             raise RuntimeError(f'MMLINATTN_OPS={mode} but {reason}')

@@ -3,8 +3,8 @@
 - ``torch.library.register_fake`` / ``register_autograd`` (torch >= 2.4) give the compiled
   operators their fake kernels and autograd; without them the extension is not loaded and the
   ops run their references (``dispatch.py`` says so once, with a ``FallbackWarning``).
-- ``torch.is_autocast_enabled(device_type)`` takes a device from torch 2.4 on; before, the CPU
-  has its own query.
+- ``torch.is_autocast_enabled(device_type)`` and ``torch.get_autocast_dtype(device_type)`` take a
+  device from torch 2.4 on; before, the CPU has its own queries.
 - ``torch.compiler.is_exporting`` (torch >= 2.3): before it, nothing reports a torch.export trace.
 - ``torch.library.triton_op`` / ``wrap_triton`` (torch >= 2.6) define the Triton operators;
   without them the Triton kernels are not used and ``dispatch.py`` says why.
@@ -38,6 +38,16 @@ def autocast_enabled(device_type: str) -> bool:
     if device_type == 'cpu':
         return torch.is_autocast_cpu_enabled()
     return torch.is_autocast_enabled()
+
+
+def autocast_dtype(device_type: str) -> torch.dtype:
+    """``torch.get_autocast_dtype(device_type)``, the dtype autocast casts to, on every supported
+    torch."""
+    if _TORCH_2_4:
+        return torch.get_autocast_dtype(device_type)
+    if device_type == 'cpu':
+        return torch.get_autocast_cpu_dtype()
+    return torch.get_autocast_gpu_dtype()
 
 
 def is_exporting() -> bool:

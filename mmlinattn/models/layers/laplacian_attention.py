@@ -26,9 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmlinattn.ops import compute_dtype, laplacian_kernel, newton_schulz_inverse
+from mmlinattn.ops import compute_dtype, depthwise_conv2d, laplacian_kernel, newton_schulz_inverse
 from mmlinattn.ops.torch_compat import is_exporting
 from .padding import pad_to_multiple
+from .patch_embed import patch_linear
 from .token_input import check_token_input
 
 KERNELS = ('laplacian', 'gaussian')
@@ -361,9 +362,10 @@ class LaplacianAttention(nn.Module):
         batch, heads, _, head_dims = q.shape
         height, width = hw_shape
         s = self.landmark_ratio
-        grid = q.reshape(batch * heads, height, width, head_dims).permute(0, 3, 1, 2)
-        grid = F.pad(grid, (0, pad_to_multiple(width, s), 0, pad_to_multiple(height, s)))
-        pooled = self.landmark_conv(grid)  # [B*h, d, ceil(H/s), ceil(W/s)]
+        grid = q.reshape(batch * heads, height, width, head_dims)
+        grid = F.pad(grid, (0, 0, 0, pad_to_multiple(width, s), 0, pad_to_multiple(height, s)))
+        # [B*h, d, ceil(H/s), ceil(W/s)], a channels-last view of the conv's GEMM
+        pooled = patch_linear(grid, self.landmark_conv).permute(0, 3, 1, 2)
         if self.max_landmark_grid is not None and torch.onnx.is_in_onnx_export():
             pooled = capped_avg_pool2d_exportable(pooled, self.max_landmark_grid)
         elif self.max_landmark_grid is not None:
@@ -371,7 +373,7 @@ class LaplacianAttention(nn.Module):
                         for size, limit in zip(pooled.shape[2:], self.max_landmark_grid))
             if cap != tuple(pooled.shape[2:]):
                 pooled = F.adaptive_avg_pool2d(pooled, cap)
-        # [B*h, m, d]: a view when pooled is channels-last, as the conv of the q view makes it
+        # [B*h, m, d]: a view when pooled is channels-last, as patch_linear returns it
         pooled = pooled.permute(0, 2, 3, 1).reshape(batch * heads, -1, head_dims)
         pooled = self.landmark_act(self.landmark_norm(pooled))
         return pooled.reshape(batch, heads, -1, head_dims)
@@ -402,6 +404,7 @@ class LaplacianAttention(nn.Module):
         y = y.transpose(1, 2).reshape(batch, num_tokens, channels).to(v.dtype)
         if self.local_conv is not None:  # v as a channels-last image [B, C, H, W]: views, no copies
             v_image = v.transpose(1, 2).reshape(batch, height, width, channels).permute(0, 3, 1, 2)
-            local = self.local_conv(v_image).permute(0, 2, 3, 1)
+            local = depthwise_conv2d(v_image, self.local_conv.weight,
+                                     self.local_conv.bias).permute(0, 2, 3, 1)
             y = y + local.reshape(batch, num_tokens, channels)
         return self.proj_drop(self.proj(y))
