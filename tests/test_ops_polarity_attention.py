@@ -246,17 +246,19 @@ def test_reference_matches_formulas_written_out():
             torch.testing.assert_close(out[0, h, i], torch.cat([xs, xo]), rtol=1e-12, atol=1e-12)
 
 
-def test_cpu_autocast_bf16_runs_in_fp32(compiled):
+def test_cpu_autocast_keeps_the_input_dtype_for_bf16_and_fp32(compiled):
+    """Under CPU autocast fp32 inputs run in fp32, and bf16 ones (as a Linear under autocast gives
+    them) in bf16: bf16 has fp32's range, so the op needs no fp32 copy of them
+    (``attention_dtype``)."""
     q, k, v, power = make_inputs(2, 2, 49, 49, 16, 32, torch.float32)
     expected = polarity_linear_attention(q, k, v, power)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         out = polarity_linear_attention(q, k, v, power)
-        # bf16 activations, as a Linear under autocast produces them; power stays fp32
         out_from_bf16 = polarity_linear_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), power)
-    assert out.dtype == torch.float32 and out_from_bf16.dtype == torch.float32
+    assert out.dtype == torch.float32 and out_from_bf16.dtype == torch.bfloat16
     assert torch.isfinite(out).all() and torch.isfinite(out_from_bf16).all()
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
-    # bf16 rounding of the inputs (8 bits of mantissa), amplified by the power up to 5
+    # bf16 rounding of the inputs and the power (8 bits of mantissa), amplified by the power up to 5
     assert_close_scaled('out from bf16', out_from_bf16, expected, 0.1)
 
 

@@ -30,6 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmlinattn.ops import compute_dtype, polarity_features, polarity_linear_attention
+from mmlinattn.ops.polarity_attention import attention_dtype
+from mmlinattn.ops.torch_compat import autocast_enabled
 from .pos_embed import resize_pos_embed
 from .token_input import check_token_input
 
@@ -87,7 +89,9 @@ class PolarityAttention(nn.Module):
             gradient at 0).
 
     Shapes: ``forward(x [B, H*W, C], hw_shape=(H, W))`` -> [B, H*W, C]. Everything after the input
-    projections runs in fp32 (fp64 stays fp64) with autocast off, as the powers overflow in fp16.
+    projections runs with autocast off in :func:`~mmlinattn.ops.polarity_attention.attention_dtype`
+    of the projections' dtype: fp32 for fp16 (the powers overflow fp16), bf16 stays bf16, fp32 and
+    fp64 unchanged.
     """
 
     def __init__(self, embed_dims: int, num_heads: int, pos_grid: Optional[Tuple[int, int]],
@@ -176,28 +180,35 @@ class PolarityAttention(nn.Module):
         return q, k, v, g, kv_grid
 
     def _local_branch(self, v: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        """DWC on v: [B, h, n, d] -> [B, N, C], the conv shared by the heads."""
+        """DWC on v: [B, h, n, d] -> [B, N, C] in v's dtype, the conv shared by the heads.
+
+        It runs in fp32 (fp64 stays fp64), channels-last: in bf16, oneDNN's depthwise backward on
+        the CPU is 2.3x slower than fp32's with the casts (Pola-Swin-T's stage 1 at 800x1344)."""
         batch, heads, num_kv, head_dims = v.shape
         height, width = hw_shape
         num_tokens = height * width
+        dtype = compute_dtype(v.dtype)
+        v_in = v.to(dtype)
         if num_kv != num_tokens:  # sr > 1: stretch the token sequence linearly, as the official code
-            v = F.interpolate(v.transpose(-2, -1).reshape(batch * heads, head_dims, num_kv),
-                              size=num_tokens, mode='linear')
-            v = v.reshape(batch, heads, head_dims, num_tokens).transpose(-2, -1)
-        image = v.reshape(batch * heads, height, width, head_dims).permute(0, 3, 1, 2)
-        weight, bias = self.dwc.weight.to(v.dtype), self.dwc.bias
-        out = F.conv2d(image, weight, None if bias is None else bias.to(v.dtype),
+            v_in = F.interpolate(v_in.transpose(-2, -1).reshape(batch * heads, head_dims, num_kv),
+                                 size=num_tokens, mode='linear')
+            v_in = v_in.reshape(batch, heads, head_dims, num_tokens).transpose(-2, -1)
+        image = v_in.reshape(batch * heads, height, width, head_dims).permute(0, 3, 1, 2)
+        bias = self.dwc.bias
+        out = F.conv2d(image, self.dwc.weight.to(dtype), None if bias is None else bias.to(dtype),
                        padding=self.dwc.padding, groups=self.dwc.groups)
-        return out.reshape(batch, heads * head_dims, num_tokens).transpose(1, 2)
+        out = out.to(v.dtype).reshape(batch, heads * head_dims, num_tokens)
+        return out.transpose(1, 2)
 
     def attention_inputs(self, x: torch.Tensor, hw_shape: Tuple[int, int]):
-        """What the polarity op receives, in fp32 (fp64 stays fp64) with autocast off after the
-        input projections: q [B, h, N, d] and k [B, h, n, d] (``k + pos``, both divided by
-        ``softplus(scale)``), v [B, h, n, d], the gate g [B, N, C], the power [1, h, 1, d] and the
-        key grid (Hk, Wk). The forward pass and the analysis tools both read the layer through it."""
+        """What the polarity op receives, with autocast off after the input projections, in
+        ``attention_dtype`` of the projections' dtype: q [B, h, N, d] and k [B, h, n, d]
+        (``k + pos``, both divided by ``softplus(scale)``), v [B, h, n, d], the gate g [B, N, C],
+        the power [1, h, 1, d] and the key grid (Hk, Wk). The forward pass and the analysis tools
+        both read the layer through it."""
         batch = x.shape[0]
         q, k, v, g, kv_grid = self._project(x, hw_shape)
-        dtype = compute_dtype(x.dtype)
+        dtype = attention_dtype(q.dtype)
         with torch.autocast(device_type=x.device.type, enabled=False):
             q, k, v, g = (t.to(dtype) for t in (q, k, v, g))
             if self.positional_encoding is not None:
@@ -223,4 +234,6 @@ class PolarityAttention(nn.Module):
                 y = polarity_linear_attention(q, k, v, power, self.eps)
             y = y.transpose(1, 2).reshape(batch, num_tokens, channels)
             y = (y + self._local_branch(v, hw_shape)) * g
-        return self.proj_drop(self.proj(y.to(x.dtype)))
+        if not autocast_enabled(x.device.type):  # under autocast, proj casts y itself
+            y = y.to(x.dtype)
+        return self.proj_drop(self.proj(y))

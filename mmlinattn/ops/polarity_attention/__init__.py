@@ -11,6 +11,9 @@ Implementations: ``reference.py`` (the composition of PolaFormer's code); the C+
 autograd in ``compiled.py``), which never build the ``[.., N, 2d]`` feature tensors: one
 pass over the keys reduces ``phi(k)^T [v, 1]`` into a ``[2d, dv+1]`` state, one pass over the
 queries applies it. The state layout and the backward: ``docs/ops/polarity_linear_attention.md``.
+
+:func:`attention_dtype` is the one home of the rule which dtype the attention runs in under
+mixed precision (fp16 -> fp32, bf16 stays bf16).
 """
 import torch
 
@@ -19,6 +22,18 @@ from ..torch_compat import autocast_enabled
 from ..validation import (check_dims_match, check_non_negative_finite, check_same_device,
                           check_tensor, promote, shape_str)
 from .reference import polarity_linear_attention_reference
+
+
+def attention_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype polarity attention runs in for activations of ``dtype`` under mixed precision.
+
+    fp16 -> fp32: the features ``|x|^p`` (p up to 5) and their sums over all tokens overflow fp16
+    (a component of 10 gives ``10^5 > 65504``), and an overflow in a normaliser turns the output
+    into NaN. bf16 stays bf16: it has fp32's exponent range, so nothing overflows, and every
+    implementation reads bf16 and accumulates in fp32 (the bf16 error is the rounding of the
+    inputs and of the result, see the self-test's tolerances). fp32 and fp64 are unchanged.
+    """
+    return torch.float32 if dtype == torch.float16 else dtype
 
 
 def _check_args(q, k, v, power, eps) -> None:
@@ -62,18 +77,19 @@ def polarity_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         eps: added to both normalisers, >= 0.
 
     Returns:
-        [B, h, N, dv] in the promoted dtype, computed in fp32 (fp64 stays fp64); fp32 when
-        called under autocast (the op switches autocast off and casts its inputs to fp32, because
-        the powers overflow in fp16). Non-finite inputs propagate: a NaN in q_i gives NaN in row
-        i, a NaN in any key NaN everywhere in that (batch, head), a NaN in value channel c NaN
-        in column c of that (batch, head).
+        [B, h, N, dv] in the promoted dtype, accumulated in fp32 (fp64 stays fp64). Under
+        autocast the op switches autocast off and runs in :func:`attention_dtype` of the promoted
+        dtype: fp16 inputs are computed and returned in fp32, bf16 ones stay bf16. Non-finite
+        inputs propagate: a NaN in q_i gives NaN in row i, a NaN in any key NaN everywhere in that
+        (batch, head), a NaN in value channel c NaN in column c of that (batch, head).
     """
     _check_args(q, k, v, power, eps)
     device_type = q.device.type
-    if autocast_enabled(device_type):
-        with torch.autocast(device_type, enabled=False):
-            return _dispatch(q.float(), k.float(), v.float(), power.float(), eps)
     dtype = promote(q, k, v)
+    if autocast_enabled(device_type):
+        dtype = attention_dtype(dtype)
+        with torch.autocast(device_type, enabled=False):
+            return _dispatch(q.to(dtype), k.to(dtype), v.to(dtype), power.to(dtype), eps)
     return _dispatch(q.to(dtype), k.to(dtype), v.to(dtype), power.to(dtype), eps)
 
 
