@@ -28,7 +28,15 @@ def test_selftest_passes_on_cpu():
         assert results[('laplacian_kernel', 'triton', dtype)] == 'PASS', proc.stdout
     if dispatch.extension_loaded():
         assert results[('laplacian_kernel', 'compiled', 'float32')] == 'PASS', proc.stdout
+        for op in selftest.CASES:  # the CPU's mixed precision, for every op
+            assert results[(op, 'compiled', 'bfloat16')] == 'PASS', proc.stdout
     assert 'FAIL' not in results.values() and proc.stdout.rstrip().endswith('all PASS')
+
+
+def test_cpu_rows_are_fp32_and_bf16_without_the_interpreter(monkeypatch):
+    monkeypatch.setattr(dispatch, 'triton_interpreted', lambda op: False)
+    for op in selftest.CASES:
+        assert selftest.dtypes_for(op, 'cpu') == [torch.float32, torch.bfloat16], op
 
 
 def test_a_broken_implementation_fails(monkeypatch, capsys):

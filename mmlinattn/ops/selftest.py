@@ -94,7 +94,7 @@ CASES: Dict[str, OpCase] = {
         reference=lambda a: newton_schulz_inverse_reference(a, NS_ITERS, NS_EPS),
         make_inputs=_newton_schulz_inputs,
         shapes=((3, 16, 8), (2, 33, 16), (4, 64, 32)),
-        quick=2, tolerances={torch.float32: (1e-4, 1e-3)}),
+        quick=2, tolerances={torch.float32: (1e-4, 1e-3), torch.bfloat16: _HALVES[torch.bfloat16]}),
     'polarity_linear_attention': OpCase(
         reference=lambda q, k, v, p: polarity_linear_attention_reference(q, k, v, p, POLA_EPS),
         make_inputs=_polarity_inputs,
@@ -217,12 +217,13 @@ def format_table(rows: Sequence[Row]) -> str:
 
 
 def dtypes_for(op: str, device_type: str) -> List[torch.dtype]:
-    """fp32 everywhere; the half dtypes where kernels take them (CUDA, the interpreter)."""
+    """The dtypes with tolerances: all of them on CUDA and where the interpreter runs the Triton
+    kernels; fp32 and bf16 (the CPU's mixed precision) on the CPU otherwise."""
     declared = CASES[op].tolerances
     if device_type == 'cuda' or (dispatch.TRITON_KERNELS.get(op) and
                                  dispatch.triton_interpreted(op)):
         return list(declared)
-    return [torch.float32]
+    return [dtype for dtype in declared if dtype in (torch.float32, torch.bfloat16)]
 
 
 def run(device: str, quick: bool) -> List[Row]:
