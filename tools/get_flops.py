@@ -72,6 +72,12 @@ def polarity_linear_attention_flops(inputs: List[Any], outputs: List[Any]) -> Co
     return Counter({'polarity_linear_attention': prod(q_shape[:-2]) * per_head})
 
 
+def depthwise_conv2d_flops(inputs: List[Any], outputs: List[Any]) -> Counter:
+    """x [B, C, H, W], weight [C, 1, k, k]: ``B*C*H*W*k*k``, mmengine's count of the same conv."""
+    x_shape, w_shape = _tensor_shapes(inputs)[:2]
+    return Counter({'conv': prod(x_shape) * w_shape[-2] * w_shape[-1]})
+
+
 # trace name -> handle. Compiled ops appear as their autograd.Function (prim::PythonOp.<name>)
 # or, when called directly, as mmlinattn::<op>; reference paths as the aten ops they use.
 OP_HANDLES: Dict[str, Handle] = {
@@ -82,6 +88,7 @@ OP_HANDLES: Dict[str, Handle] = {
     'mmlinattn::newton_schulz_inverse': newton_schulz_flops,
     'prim::PythonOp._PolarityLinearAttention': polarity_linear_attention_flops,
     'mmlinattn::polarity_linear_attention_forward': polarity_linear_attention_flops,
+    'mmlinattn::depthwise_conv2d_forward': depthwise_conv2d_flops,
 }
 
 
