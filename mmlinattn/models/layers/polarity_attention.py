@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmlinattn.ops import compute_dtype, polarity_features, polarity_linear_attention
+from mmlinattn.ops import depthwise_conv2d, polarity_features, polarity_linear_attention
 from mmlinattn.ops.polarity_attention import attention_dtype
 from mmlinattn.ops.torch_compat import autocast_enabled
 from .pos_embed import resize_pos_embed
@@ -180,25 +180,20 @@ class PolarityAttention(nn.Module):
         return q, k, v, g, kv_grid
 
     def _local_branch(self, v: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        """DWC on v: [B, h, n, d] -> [B, N, C] in v's dtype, the conv shared by the heads.
-
-        It runs in fp32 (fp64 stays fp64), channels-last: in bf16, oneDNN's depthwise backward on
-        the CPU is 2.3x slower than fp32's with the casts (Pola-Swin-T's stage 1 at 800x1344)."""
+        """DWC on v: [B, h, n, d] -> [B, N, C], the conv shared by the heads, channels-last
+        (:func:`~mmlinattn.ops.depthwise_conv2d`, whose CPU weight gradient is the fast one)."""
         batch, heads, num_kv, head_dims = v.shape
         height, width = hw_shape
         num_tokens = height * width
-        dtype = compute_dtype(v.dtype)
-        v_in = v.to(dtype)
         if num_kv != num_tokens:  # sr > 1: stretch the token sequence linearly, as the official code
-            v_in = F.interpolate(v_in.transpose(-2, -1).reshape(batch * heads, head_dims, num_kv),
-                                 size=num_tokens, mode='linear')
-            v_in = v_in.reshape(batch, heads, head_dims, num_tokens).transpose(-2, -1)
-        image = v_in.reshape(batch * heads, height, width, head_dims).permute(0, 3, 1, 2)
+            v = F.interpolate(v.transpose(-2, -1).reshape(batch * heads, head_dims, num_kv),
+                              size=num_tokens, mode='linear')
+            v = v.reshape(batch, heads, head_dims, num_tokens).transpose(-2, -1)
+        image = v.reshape(batch * heads, height, width, head_dims).permute(0, 3, 1, 2)
         bias = self.dwc.bias
-        out = F.conv2d(image, self.dwc.weight.to(dtype), None if bias is None else bias.to(dtype),
-                       padding=self.dwc.padding, groups=self.dwc.groups)
-        out = out.to(v.dtype).reshape(batch, heads * head_dims, num_tokens)
-        return out.transpose(1, 2)
+        out = depthwise_conv2d(image, self.dwc.weight.to(v.dtype),
+                               None if bias is None else bias.to(v.dtype))
+        return out.reshape(batch, heads * head_dims, num_tokens).transpose(1, 2)
 
     def attention_inputs(self, x: torch.Tensor, hw_shape: Tuple[int, int]):
         """What the polarity op receives, with autocast off after the input projections, in
