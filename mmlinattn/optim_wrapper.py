@@ -8,47 +8,18 @@ on wherever the run lands::
 
     optim_wrapper = dict(type='mmlinattn.MixedPrecisionOptimWrapper', optimizer=...)
 """
-import functools
 import logging
-import warnings
-from typing import FrozenSet, Optional
+from contextlib import contextmanager
 
 import torch
 from mmengine.device import get_device
 from mmengine.logging import print_log
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
 
+from mmlinattn.cpu_autocast import run_mmcv_ops_in_fp32, warn_if_cpu_lacks_bf16
 from mmlinattn.registry import OPTIM_WRAPPERS
 
-__all__ = ['MixedPrecisionOptimWrapper', 'BF16_CPU_FLAGS', 'cpu_flags', 'warn_if_cpu_lacks_bf16']
-
-# Either gives the CPU native bf16 dot products (oneDNN uses them for bf16 matmuls and convolutions);
-# without both, bf16 is emulated by conversions and runs slower than fp32.
-BF16_CPU_FLAGS = ('avx512_bf16', 'amx_bf16')
-
-
-def cpu_flags() -> Optional[FrozenSet[str]]:
-    """The CPU's feature flags from ``/proc/cpuinfo`` (Linux); None where it cannot be read."""
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('flags'):
-                    return frozenset(line.split(':', 1)[1].split())
-    except OSError:
-        pass
-    return None
-
-
-@functools.lru_cache(maxsize=None)  # once per process: every run's wrapper and test loop asks
-def warn_if_cpu_lacks_bf16() -> None:
-    """Warn that bf16 will be slower than fp32 when the CPU has none of :data:`BF16_CPU_FLAGS`
-    (silent where the flags cannot be read)."""
-    flags = cpu_flags()
-    if flags is None or flags.intersection(BF16_CPU_FLAGS):
-        return
-    warnings.warn(f'this CPU has none of the bf16 instructions {" / ".join(BF16_CPU_FLAGS)} (not in '
-                  '/proc/cpuinfo flags): bf16 autocast runs emulated and slower than fp32 here',
-                  stacklevel=2)
+__all__ = ['MixedPrecisionOptimWrapper']
 
 
 @OPTIM_WRAPPERS.register_module()
@@ -60,8 +31,10 @@ class MixedPrecisionOptimWrapper(AmpOptimWrapper):
     ``torch.autocast('cpu', dtype=torch.bfloat16)``, the parameters stay fp32 master weights (so
     checkpoints stay fp32) and nothing is loss-scaled: bf16 keeps fp32's exponent range.
     ``loss_scale`` and ``use_fsdp`` (the ``GradScaler``'s settings) are accepted and ignored there,
-    so the same config runs on both. On a CPU without bf16 instructions it warns once
-    (:func:`warn_if_cpu_lacks_bf16`).
+    so the same config runs on both. There it also makes the model run mmcv's ops, which have no
+    bf16 CPU kernels, in fp32 (:func:`~mmlinattn.cpu_autocast.run_mmcv_ops_in_fp32`; the model keeps
+    that for validation), and warns once on a CPU without bf16 instructions
+    (:func:`~mmlinattn.cpu_autocast.warn_if_cpu_lacks_bf16`).
 
     Optimizer states of a plain :class:`~mmengine.optim.OptimWrapper` load into it and its CPU states
     load into a plain one (resume across precisions); a GPU state's ``loss_scaler`` entry is dropped
@@ -92,9 +65,16 @@ class MixedPrecisionOptimWrapper(AmpOptimWrapper):
             self.loss_scaler = None
             self.cast_dtype = torch.bfloat16
             warn_if_cpu_lacks_bf16()
-        scaling = 'none' if self.loss_scaler is None else f'{loss_scale} ({type(self.loss_scaler).__name__})'
+        scaling = 'none' if self.loss_scaler is None else f'{loss_scale!r} ({type(self.loss_scaler).__name__})'
         print_log(f'{type(self).__name__}: autocast to {self.cast_dtype or "the device default"} on '
                   f'{device}, fp32 parameters, loss scaling: {scaling}', logger='current')
+
+    @contextmanager
+    def optim_context(self, model):
+        if self.loss_scaler is None:
+            run_mmcv_ops_in_fp32(model)
+        with super().optim_context(model):
+            yield
 
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
         if self.loss_scaler is None:

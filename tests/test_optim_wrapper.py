@@ -1,7 +1,9 @@
-"""mmlinattn.MixedPrecisionOptimWrapper: bf16 autocast on the CPU with fp32 parameters and no loss
-scaling; built by name from mmdet's, mmseg's and mmpretrain's scopes; optimizer states and runner
-checkpoints that move between fp32 and bf16 runs; the warning on a CPU without bf16 instructions."""
+"""Mixed precision on the CPU: mmlinattn.MixedPrecisionOptimWrapper (bf16 autocast, fp32 parameters,
+no loss scaling), built by name from mmdet's, mmseg's and mmpretrain's scopes; optimizer states and
+runner checkpoints that move between fp32 and bf16 runs; mmlinattn.MixedPrecisionTestLoop; mmcv's
+ops run in fp32 under bf16 autocast; the warning on a CPU without bf16 instructions."""
 import contextlib
+import copy
 import importlib
 import logging
 import os
@@ -9,16 +11,21 @@ import warnings
 
 import pytest
 import torch
+from mmcv.ops import RoIAlign, nms
+from mmengine.evaluator import BaseMetric, Evaluator
 from mmengine.logging import MMLogger
 from mmengine.model import BaseModel
 from mmengine.optim import AmpOptimWrapper, OptimWrapper, build_optim_wrapper
 from mmengine.registry import DefaultScope
 from mmengine.runner import Runner
 
-from mmlinattn import optim_wrapper as wrapper_module
-from mmlinattn.optim_wrapper import MixedPrecisionOptimWrapper, warn_if_cpu_lacks_bf16
+from mmlinattn import cpu_autocast
+from mmlinattn.cpu_autocast import run_mmcv_ops_in_fp32, warn_if_cpu_lacks_bf16
+from mmlinattn.loops import MixedPrecisionTestLoop
+from mmlinattn.optim_wrapper import MixedPrecisionOptimWrapper
 
 WRAPPER = 'mmlinattn.MixedPrecisionOptimWrapper'
+TEST_LOOP = 'mmlinattn.MixedPrecisionTestLoop'
 # The CPU path: on a GPU machine the wrapper is mmengine's AmpOptimWrapper (the `cuda` test below).
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU path (no CUDA device)')
 
@@ -110,7 +117,7 @@ def test_logs_its_precision_once_built():
     (dict(dtype='half'), "dtype must be None, one of ('float16', 'bfloat16', 'float32', 'float64')"),
     (dict(dtype=torch.int8), 'dtype must be None, one of'),
     (dict(loss_scale='dynamc'), "loss_scale must be 'dynamic', a float or a dict, got 'dynamc'"),
-])
+], ids=['float16-on-cpu', 'unknown-dtype-name', 'integer-dtype', 'unknown-loss-scale'])
 def test_bad_arguments_raise_naming_them(arguments, message):
     with pytest.raises(ValueError, match=message.replace('(', r'\(').replace(')', r'\)')):
         adamw_wrapper(torch.nn.Linear(2, 2), **arguments)
@@ -152,6 +159,7 @@ def test_built_by_name_from_each_librarys_scope(scope):
     assert built.optimizer.defaults['lr'] == 1e-3 and built.clip_grad_kwargs == dict(max_norm=1.0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     assert type(registry.build(dict(type=WRAPPER, optimizer=optimizer))) is MixedPrecisionOptimWrapper
+    assert importlib.import_module(f'{scope}.registry').LOOPS.get(TEST_LOOP) is MixedPrecisionTestLoop
 
 
 # ---------------------------------------------------------------- optimizer states, both ways
@@ -205,7 +213,7 @@ def test_a_gpu_amp_state_loads_on_the_cpu_without_its_loss_scaler():
 
 @cpu_only
 def test_warns_once_naming_the_missing_flags(monkeypatch):
-    monkeypatch.setattr(wrapper_module, 'cpu_flags', lambda: frozenset({'fpu', 'avx512f', 'avx512bw'}))
+    monkeypatch.setattr(cpu_autocast, 'cpu_flags', lambda: frozenset({'fpu', 'avx512f', 'avx512bw'}))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
         adamw_wrapper(torch.nn.Linear(2, 2))
@@ -214,12 +222,12 @@ def test_warns_once_naming_the_missing_flags(monkeypatch):
     assert [str(w.message) for w in caught] == [
         'this CPU has none of the bf16 instructions avx512_bf16 / amx_bf16 (not in /proc/cpuinfo flags): '
         'bf16 autocast runs emulated and slower than fp32 here']
-    assert caught[0].filename == wrapper_module.__file__  # said where the wrapper is built
+    assert caught[0].filename.endswith('optim_wrapper.py')  # said where the wrapper is built
 
 
 @pytest.mark.parametrize('flags', [{'avx512_bf16'}, {'amx_bf16'}, {'avx512_bf16', 'amx_bf16'}, None])
 def test_no_warning_with_either_flag_or_unreadable_flags(monkeypatch, flags):
-    monkeypatch.setattr(wrapper_module, 'cpu_flags', lambda: None if flags is None else frozenset(flags))
+    monkeypatch.setattr(cpu_autocast, 'cpu_flags', lambda: None if flags is None else frozenset(flags))
     with warnings.catch_warnings():
         warnings.simplefilter('error')
         warn_if_cpu_lacks_bf16()
@@ -229,32 +237,124 @@ def test_no_warning_with_either_flag_or_unreadable_flags(monkeypatch, flags):
 def test_cpu_flags_reads_proc_cpuinfo():
     with open('/proc/cpuinfo') as f:
         line = next(line for line in f if line.startswith('flags'))
-    assert wrapper_module.cpu_flags() == frozenset(line.split(':')[1].split())
+    assert cpu_autocast.cpu_flags() == frozenset(line.split(':')[1].split())
+
+
+# ---------------------------------------------------------------- mmcv's ops under bf16 autocast
+
+
+class ToyDetector(torch.nn.Module):
+    """A bf16-producing conv, an mmcv RoIAlign on its features, and a head whose post-processing runs
+    mmcv's NMS: the places where mmdet's detectors hand mmcv's fp32-only CPU kernels bf16 tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.roi_align = RoIAlign(output_size=2, spatial_scale=1.0, sampling_ratio=2)
+        self.head = ToyHead()
+
+    def forward(self, images, rois):
+        features = self.conv(images)
+        return features, self.roi_align(features, rois.to(features.dtype))
+
+
+class ToyHead(torch.nn.Module):
+    def predict_by_feat(self, boxes, scores, iou_threshold=0.5):
+        dets, keep = nms(boxes, scores, iou_threshold)
+        return dets
+
+
+def _toy_inputs():
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(1, 3, 16, 16, generator=generator)
+    rois = torch.tensor([[0, 1.0, 1.0, 9.0, 9.0], [0, 4.0, 2.0, 14.0, 12.0]])
+    boxes = torch.tensor([[0, 0, 10, 10], [1, 1, 10, 10], [20, 20, 30, 30.0]])
+    scores = torch.tensor([0.9, 0.8, 0.7])
+    return images, rois, boxes, scores
+
+
+def test_mmcv_ops_need_fp32_on_the_cpu():
+    """Why run_mmcv_ops_in_fp32 exists: mmcv 2.1's CPU RoIAlign and NMS refuse bf16."""
+    model = ToyDetector()
+    images, rois, boxes, scores = _toy_inputs()
+    with torch.autocast('cpu', dtype=torch.bfloat16), pytest.raises((RuntimeError, NotImplementedError)):
+        model(images, rois)
+    with pytest.raises(RuntimeError, match='Float but found BFloat16'):
+        model.head.predict_by_feat(boxes.bfloat16(), scores.bfloat16())
+
+
+def test_mmcv_ops_run_in_fp32_under_bf16_autocast():
+    model = ToyDetector()
+    images, rois, boxes, scores = _toy_inputs()
+    _, expected = model(images, rois)
+    run_mmcv_ops_in_fp32(model)
+    images.requires_grad_(True)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        features, pooled = model(images, rois)
+    assert features.dtype == pooled.dtype == torch.bfloat16  # RoIAlign hands back autocast's dtype
+    torch.testing.assert_close(pooled.float(), expected, rtol=0.05, atol=0.05)
+    pooled.float().sum().backward()  # through mmcv's fp32 backward to the bf16 features
+    assert images.grad is not None and images.grad.dtype == torch.float32
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        dets = model.head.predict_by_feat(boxes.bfloat16(), scores.bfloat16(), iou_threshold=0.5)
+    assert dets.dtype == torch.float32  # post-processing results stay fp32
+    torch.testing.assert_close(dets, model.head.predict_by_feat(boxes, scores), rtol=1e-2, atol=0)
+
+
+def test_fp32_calls_run_unchanged_and_the_change_is_per_instance():
+    model, other = ToyDetector(), ToyDetector()
+    other.load_state_dict(model.state_dict())
+    run_mmcv_ops_in_fp32(model)
+    forward, predict = model.roi_align.forward, model.head.predict_by_feat
+    run_mmcv_ops_in_fp32(model)  # idempotent
+    assert model.roi_align.forward == forward and model.head.predict_by_feat == predict
+    assert 'forward' not in vars(other.roi_align) and 'predict_by_feat' not in vars(other.head)
+    assert 'forward' not in vars(model.conv)  # torch's modules keep their own forward
+    images, rois, boxes, scores = _toy_inputs()
+    torch.testing.assert_close(model(images, rois), other(images, rois), rtol=0, atol=0)
+    torch.testing.assert_close(model.head.predict_by_feat(boxes, scores),
+                               other.head.predict_by_feat(boxes, scores), rtol=0, atol=0)
+    copied = copy.deepcopy(model)  # an EMA copy calls its own modules
+    assert copied.roi_align.forward.__self__ is copied.roi_align
+    assert copied.head.predict_by_feat.__self__ is copied.head
 
 
 # ---------------------------------------------------------------- through mmengine's Runner
 
 
 class TinyRegressor(BaseModel):
-    """A linear regressor that records the dtype of each training forward."""
+    """A linear regressor that records the dtype of each training and prediction forward."""
 
     def __init__(self):
         super().__init__()
         self.linear = torch.nn.Linear(4, 1)
+        self.roi_align = RoIAlign(output_size=1)  # an mmcv op for the test loop to ready
         self.forward_dtypes = []
 
     def forward(self, inputs, data_samples=None, mode='tensor'):
         out = self.linear(inputs)
+        self.forward_dtypes.append(out.dtype)
         if mode == 'loss':
-            self.forward_dtypes.append(out.dtype)
             return dict(loss=(out.float() - data_samples).square().mean())
         return out
 
 
-def _train(work_dir, wrapper_type, max_iters, resume_from=None):
+class CountMetric(BaseMetric):
+    def process(self, data_batch, data_samples):
+        self.results.append(len(data_samples))
+
+    def compute_metrics(self, results):
+        return dict(samples=sum(results))
+
+
+def _toy_regression_data():
     generator = torch.Generator().manual_seed(0)
-    data = [dict(inputs=torch.randn(4, generator=generator), data_samples=torch.randn(1, generator=generator))
+    return [dict(inputs=torch.randn(4, generator=generator), data_samples=torch.randn(1, generator=generator))
             for _ in range(8)]
+
+
+def _train(work_dir, wrapper_type, max_iters, resume_from=None):
+    data = _toy_regression_data()
     runner = Runner(
         model=TinyRegressor(), work_dir=str(work_dir), experiment_name=f'{wrapper_type}_{max_iters}',
         train_dataloader=dict(dataset=data, sampler=dict(type='InfiniteSampler', shuffle=False),
@@ -284,10 +384,26 @@ def test_runner_trains_in_bf16_saves_fp32_and_resumes_across_precisions(tmp_path
     runner, bf16_checkpoint = _train(tmp_path / 'bf16', WRAPPER, 4, resume_from=fp32_checkpoint)
     assert type(runner.optim_wrapper) is MixedPrecisionOptimWrapper
     assert runner.model.forward_dtypes == [torch.bfloat16] * 2
+    assert 'forward' in vars(runner.model.roi_align)  # mmcv's ops readied for training and validation
     all_fp32, optimizer_keys = _fp32_tensors(bf16_checkpoint)
     assert all_fp32 and set(optimizer_keys) == {'state', 'param_groups'}
 
     runner, _ = _train(tmp_path / 'fp32_again', 'OptimWrapper', 5, resume_from=bf16_checkpoint)
-    assert runner.model.forward_dtypes == [torch.float32]
+    assert runner.model.forward_dtypes == [torch.float32] and 'forward' not in vars(runner.model.roi_align)
     steps = {int(s['step']) for s in runner.optim_wrapper.optimizer.state.values()}
     assert steps == {5}
+
+
+@cpu_only
+def test_the_mixed_precision_test_loop_tests_in_bf16_with_mmcv_ops_ready(tmp_path):
+    runner = Runner(
+        model=TinyRegressor(), work_dir=str(tmp_path), experiment_name='test_loop',
+        test_dataloader=dict(dataset=_toy_regression_data(), sampler=dict(type='DefaultSampler', shuffle=False),
+                             batch_size=4, collate_fn=dict(type='default_collate')),
+        test_cfg=dict(type=TEST_LOOP), test_evaluator=Evaluator(CountMetric()))
+    with mmengine_log() as messages:
+        metrics = runner.test()
+    assert metrics == dict(samples=8)
+    assert runner.model.forward_dtypes == [torch.bfloat16] * 2
+    assert 'forward' in vars(runner.model.roi_align)
+    assert 'MixedPrecisionTestLoop: autocast to torch.bfloat16 on cpu, mmcv ops in fp32' in messages
