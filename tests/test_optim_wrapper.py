@@ -1,17 +1,20 @@
 """Mixed precision on the CPU: mmlinattn.MixedPrecisionOptimWrapper (bf16 autocast, fp32 parameters,
 no loss scaling), built by name from mmdet's, mmseg's and mmpretrain's scopes; optimizer states and
 runner checkpoints that move between fp32 and bf16 runs; mmlinattn.MixedPrecisionTestLoop; mmcv's
-ops run in fp32 under bf16 autocast; the warning on a CPU without bf16 instructions."""
+ops run in fp32 under bf16 autocast; the warning on a CPU without bf16 instructions; and ``--amp`` of
+tools/train.py and tools/test.py."""
 import contextlib
 import copy
-import importlib
+import importlib.util
 import logging
 import os
+import types
 import warnings
 
 import pytest
 import torch
 from mmcv.ops import RoIAlign, nms
+from mmengine.config import Config
 from mmengine.evaluator import BaseMetric, Evaluator
 from mmengine.logging import MMLogger
 from mmengine.model import BaseModel
@@ -19,6 +22,9 @@ from mmengine.optim import AmpOptimWrapper, OptimWrapper, build_optim_wrapper
 from mmengine.registry import DefaultScope
 from mmengine.runner import Runner
 
+import train  # tools/ (pytest.ini puts it on sys.path)
+from _common import load_config
+from e2e_utils import ROOT
 from mmlinattn import cpu_autocast
 from mmlinattn.cpu_autocast import run_mmcv_ops_in_fp32, warn_if_cpu_lacks_bf16
 from mmlinattn.loops import MixedPrecisionTestLoop
@@ -26,6 +32,8 @@ from mmlinattn.optim_wrapper import MixedPrecisionOptimWrapper
 
 WRAPPER = 'mmlinattn.MixedPrecisionOptimWrapper'
 TEST_LOOP = 'mmlinattn.MixedPrecisionTestLoop'
+DET_CONFIG = os.path.join(ROOT, 'configs/mask_rcnn_laplacian_tiny_1x_coco.py')
+CLS_CONFIG = os.path.join(ROOT, 'tests/configs/resnet18_toy_imagenet.py')
 # The CPU path: on a GPU machine the wrapper is mmengine's AmpOptimWrapper (the `cuda` test below).
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU path (no CUDA device)')
 
@@ -407,3 +415,69 @@ def test_the_mixed_precision_test_loop_tests_in_bf16_with_mmcv_ops_ready(tmp_pat
     assert runner.model.forward_dtypes == [torch.bfloat16] * 2
     assert 'forward' in vars(runner.model.roi_align)
     assert 'MixedPrecisionTestLoop: autocast to torch.bfloat16 on cpu, mmcv ops in fp32' in messages
+
+
+# ---------------------------------------------------------------- the tools' --amp
+
+
+def _tool(name):
+    """tools/<name>.py as a module (``test`` would otherwise be the standard library's package)."""
+    spec = importlib.util.spec_from_file_location(f'mmlinattn_tool_{name}', os.path.join(ROOT, 'tools',
+                                                                                         f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _captured_runs(monkeypatch, tool):
+    """The configs the tool builds its runner from, with a runner that does nothing."""
+    configs = []
+
+    def build_runner(cfg):
+        configs.append(cfg)
+        return types.SimpleNamespace(rank=0, train=lambda: None, test=dict)
+
+    monkeypatch.setattr(tool, 'build_runner', build_runner)
+    return configs
+
+
+def test_train_amp_sets_the_wrapper_and_validates_under_autocast(tmp_path, monkeypatch):
+    tool = _tool('train')
+    configs = _captured_runs(monkeypatch, tool)
+    tool.main([DET_CONFIG, '--amp', '--work-dir', str(tmp_path), '--cfg-options',
+               f'train_dataloader.dataset.data_root={tmp_path}', f'val_dataloader.dataset.data_root={tmp_path}'])
+    cfg, = configs
+    assert cfg.optim_wrapper.type == WRAPPER and cfg.val_cfg.fp16 is True
+    plain = Config.fromfile(DET_CONFIG)
+    assert plain.optim_wrapper.get('type', 'OptimWrapper') == 'OptimWrapper' and 'fp16' not in plain.val_cfg
+    for key in ('optimizer', 'clip_grad', 'paramwise_cfg'):  # the config's optimisation, kept
+        assert cfg.optim_wrapper.get(key) == plain.optim_wrapper.get(key)
+    assert plain.optim_wrapper.paramwise_cfg
+
+
+def test_train_amp_replaces_an_amp_wrapper_keeps_its_loss_scale_and_refuses_other_types():
+    cfg = load_config(train.parse_args([CLS_CONFIG, '--amp']))
+    cfg.optim_wrapper.update(type='AmpOptimWrapper', loss_scale=512.0)
+    train.enable_amp(cfg)
+    assert cfg.optim_wrapper.type == WRAPPER and cfg.optim_wrapper.loss_scale == 512.0
+    no_val = Config(dict(optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)), val_cfg=None))
+    train.enable_amp(no_val)
+    assert no_val.optim_wrapper.type == WRAPPER and no_val.val_cfg is None
+    with pytest.raises(SystemExit, match="--amp replaces optim_wrapper.type OptimWrapper or AmpOptimWrapper; "
+                       "this config has 'OptimWrapperDict'"):
+        train.enable_amp(Config(dict(optim_wrapper=dict(type='OptimWrapperDict'))))
+
+
+def test_test_amp_runs_the_mixed_precision_test_loop(tmp_path, monkeypatch):
+    tool = _tool('test')
+    configs = _captured_runs(monkeypatch, tool)
+    checkpoint = tmp_path / 'model.pth'
+    checkpoint.touch()
+    data_root = f'test_dataloader.dataset.data_root={tmp_path}'
+    tool.main([CLS_CONFIG, str(checkpoint), '--work-dir', str(tmp_path), '--cfg-options', data_root])
+    tool.main([CLS_CONFIG, str(checkpoint), '--amp', '--work-dir', str(tmp_path), '--cfg-options', data_root])
+    plain, amp = configs
+    assert plain.test_cfg.get('type', 'TestLoop') == 'TestLoop' and 'fp16' not in plain.test_cfg
+    assert amp.test_cfg == dict(plain.test_cfg, type=TEST_LOOP, fp16=True)
+    with pytest.raises(SystemExit, match="--amp replaces test_cfg.type TestLoop; this config has 'MyLoop'"):
+        tool.main([CLS_CONFIG, str(checkpoint), '--amp', '--cfg-options', 'test_cfg.type=MyLoop'])

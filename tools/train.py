@@ -5,12 +5,15 @@
     python tools/train.py CONFIG --resume                  # the latest checkpoint in the work dir
     python tools/train.py CONFIG --resume work_dirs/x/iter_2.pth
     python tools/train.py CONFIG --resume FILE --unsafe-trust-checkpoint  # FILE may run code: trusted
+    python tools/train.py CONFIG --amp                     # bf16 autocast on the CPU, fp16 AMP on CUDA
     bash tools/dist_train.sh CONFIG 8                      # torchrun, --launcher pytorch
 """
 import argparse
 
 from _common import (add_common_args, build_runner, check_data_roots, close_distributed,
                      load_config, refused_checkpoint_ends_the_command, use_safe_checkpoint_loading)
+
+MIXED_PRECISION_WRAPPER = 'mmlinattn.MixedPrecisionOptimWrapper'
 
 
 def parse_args(argv=None):
@@ -20,7 +23,9 @@ def parse_args(argv=None):
                         help='resume from the given checkpoint, or with no value from the latest '
                         'checkpoint in the work dir')
     parser.add_argument('--amp', action='store_true',
-                        help='automatic mixed precision (fp16 with dynamic loss scaling; CUDA only)')
+                        help='mixed precision training and validation (mmlinattn.MixedPrecisionOptimWrapper): '
+                        'bf16 autocast on the CPU, fp16 with dynamic loss scaling on CUDA; parameters and '
+                        'checkpoints stay fp32')
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help='scale the learning rate by total batch size / auto_scale_lr.base_batch_size')
     add_common_args(parser)
@@ -28,14 +33,16 @@ def parse_args(argv=None):
 
 
 def enable_amp(cfg) -> None:
-    import torch
-    if not torch.cuda.is_available():
-        raise SystemExit('error: --amp uses mmengine\'s AmpOptimWrapper, which needs a CUDA device; '
-                         'none is available')
-    if cfg.optim_wrapper.get('type', 'OptimWrapper') == 'AmpOptimWrapper':
-        return
-    cfg.optim_wrapper.type = 'AmpOptimWrapper'
-    cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+    """--amp: the plugin's MixedPrecisionOptimWrapper in place of mmengine's OptimWrapper or
+    AmpOptimWrapper (it is AmpOptimWrapper on a GPU and also runs on the CPU); validation under
+    mmengine's autocast too (the wrapper has readied the model's mmcv ops for bf16 by then)."""
+    wrapper_type = cfg.optim_wrapper.get('type', 'OptimWrapper')
+    if wrapper_type not in ('OptimWrapper', 'AmpOptimWrapper', MIXED_PRECISION_WRAPPER):
+        raise SystemExit(f'error: --amp replaces optim_wrapper.type OptimWrapper or AmpOptimWrapper; '
+                         f'this config has {wrapper_type!r}')
+    cfg.optim_wrapper.type = MIXED_PRECISION_WRAPPER  # its loss_scale defaults to 'dynamic' (CUDA fp16)
+    if cfg.get('val_cfg'):
+        cfg.val_cfg.fp16 = True
 
 
 def main(argv=None):
