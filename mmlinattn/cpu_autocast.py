@@ -2,8 +2,8 @@
 
 - bf16 instructions: without ``avx512_bf16`` or ``amx_bf16`` the CPU emulates bf16 by conversions
   and runs it slower than fp32; :func:`warn_if_cpu_lacks_bf16` says so once.
-- fp32 for mmcv's ops: mmcv's CPU kernels (NMS, RoIAlign, deformable convolution, ...) take fp32
-  and fp16 but not bf16, and under autocast mmdet's detectors hand them bf16 features and scores.
+- fp32 for mmcv's ops: mmcv's CPU kernels have no bf16 versions (NMS takes fp32 only, RoIAlign fp32
+  and fp16), and under autocast mmdet's detectors hand them bf16 boxes, scores and features.
   :func:`run_mmcv_ops_in_fp32` makes one model run them in fp32, as mmdet 2's ``force_fp32`` did
   at the same places: the forward of each ``mmcv.ops`` module and each head's ``predict_by_feat``
   (the post-processing, where NMS runs).

@@ -62,10 +62,11 @@ class MixedPrecisionOptimWrapper(AmpOptimWrapper):
                                  f'(float16 would need loss scaling), got {dtype}')
             # Not AmpOptimWrapper.__init__: it asserts a GPU and builds a GradScaler.
             OptimWrapper.__init__(self, **kwargs)
-            self.loss_scaler = None
+            self.loss_scaler = None  # the CPU path: the methods below are OptimWrapper's there
             self.cast_dtype = torch.bfloat16
             warn_if_cpu_lacks_bf16()
-        scaling = 'none' if self.loss_scaler is None else f'{loss_scale!r} ({type(self.loss_scaler).__name__})'
+        scaling = 'none' if self.loss_scaler is None else \
+            f'{loss_scale!r} ({type(self.loss_scaler).__name__})'
         print_log(f'{type(self).__name__}: autocast to {self.cast_dtype or "the device default"} on '
                   f'{device}, fp32 parameters, loss scaling: {scaling}', logger='current')
 
