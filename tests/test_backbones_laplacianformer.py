@@ -130,6 +130,28 @@ def test_bf16_autocast_is_finite_and_close_to_fp32(tiny_eval):
         assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2
 
 
+@pytest.mark.parametrize('batch', [1, 2])
+def test_blocks_and_their_gradients_see_dense_tokens(tiny_eval, batch):
+    """The stem and the stage convolutions run channels-last, so each block's tokens
+    [B, H*W, C], and the gradients flowing back into them, are contiguous rows: a transposed view
+    would make every residual add and norm of the stage stride through or copy it."""
+    model = tiny(drop_path_rate=0.0).train()
+    seen = []
+    hooks = [block.register_forward_pre_hook(lambda _, args: seen.append(args[0].is_contiguous()))
+             for stage in model.stages for block in stage.blocks]
+    grads = []
+    for stage in model.stages:
+        stage.blocks[0].register_full_backward_pre_hook(
+            lambda _, grad_out: grads.append(grad_out[0].is_contiguous()))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        outs = model(torch.randn(batch, 3, 96, 128))
+    sum(out.float().mean() for out in outs).backward()
+    for hook in hooks:
+        hook.remove()
+    assert seen == [True] * sum(model.depths)
+    assert grads == [True] * model.num_stages
+
+
 @pytest.mark.skipif(not has_kernel('laplacian_kernel', 'cpu'),
                     reason='mmlinattn._ext is not built with the CPU Laplacian kernel')
 def test_compiled_ops_match_reference(tiny_eval, monkeypatch):

@@ -196,11 +196,17 @@ class LaplacianFormer(StagedBackbone):
 
     def forward_features(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: [B, C_in, H, W] -> tuple of [B, embed_dims[i], ceil(H/s_i), ceil(W/s_i)], s_i = 4*2^i."""
+        # Channels-last from the stem on, and between the stages (tokens [B, H*W, C] seen as
+        # [B, C, H, W] with channels-last strides): every conv then returns channels-last maps,
+        # whose tokens are contiguous, so the residual stream, the norms and the projections, and
+        # their gradients, read dense rows (an NCHW map's tokens are a transposed view that every
+        # add and norm of the stage would copy or stride through).
+        x = x.contiguous(memory_format=torch.channels_last)
         outs = []
         for i, stage in enumerate(self.stages):
             tokens, (height, width) = stage(x)
             if i in self.out_indices:
                 out = getattr(self, f'norm{i}')(tokens)
                 outs.append(out.transpose(1, 2).reshape(x.shape[0], -1, height, width).contiguous())
-            x = tokens.transpose(1, 2).reshape(x.shape[0], -1, height, width)
+            x = tokens.reshape(x.shape[0], height, width, -1).permute(0, 3, 1, 2)  # channels-last
         return tuple(outs)
