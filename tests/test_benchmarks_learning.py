@@ -56,3 +56,29 @@ def test_data_root_options_move_the_datasets_and_the_coco_evaluator():
     cifar = Config.fromfile(f'{ROOT}/configs/cifar10/resnet18_1xb32_cifar10.py')
     assert learning._data_root_options(cifar, 'd/') == ['train_dataloader.dataset.data_root=d/',
                                                          'val_dataloader.dataset.data_root=d/']
+
+
+def test_each_precision_is_its_own_row_and_bf16_trains_with_amp(tmp_path, monkeypatch):
+    """--precisions fp32 bf16: one run per row, precision and seed, bf16 through tools/train.py
+    --amp, the --cfg-options given to every run; the rows are labelled by precision."""
+    commands = []
+
+    def fake_run(command, **kwargs):
+        commands.append(command)
+        work_dir = tmp_path / command[command.index('--work-dir') + 1]
+        _write_scalars(work_dir, '20261205_000000', [
+            {'step': 1, 'loss': 3.0, 'time': 9.0, 'data_time': 0.1},
+            {'step': 2, 'loss': 2.0, 'time': 0.5, 'data_time': 0.1},
+            {'step': 2, 'accuracy/top1': 12.0}])
+        return type('Done', (), {'returncode': 0, 'stderr': ''})()
+
+    monkeypatch.setattr(learning.subprocess, 'run', fake_run)
+    parser = __import__('argparse').ArgumentParser()
+    learning.add_arguments(parser)
+    args = parser.parse_args(['--task', 'cifar10', '--models', 'ResNet-18', '--seeds', '0',
+                              '--precisions', 'fp32', 'bf16', '--cfg-options', 'train_cfg.max_iters=4',
+                              '--work-dir', 'w', '--data-root', str(tmp_path)])
+    monkeypatch.chdir(tmp_path)
+    assert learning.main(args) == 0
+    assert ['--amp' in c for c in commands] == [False, True]
+    assert all('train_cfg.max_iters=4' in c for c in commands)

@@ -1,4 +1,4 @@
-"""Benchmarks: ``python tools/benchmark.py ops|backbone|solver|learning|learning-toy|plot ... [--out F.json]``.
+"""Benchmarks: ``python tools/benchmark.py ops|backbone|precision|solver|learning|learning-toy|plot ... [--out F.json]``.
 
 The entry point only; the cases live in ``tools/dev/benchmarks/``, which runs from a checkout (the
 installed package ships this script, not the cases). Results: ``docs/benchmarks.md``.
@@ -9,6 +9,7 @@ Subcommands (one entry of ``SUBCOMMANDS`` each: ``name: (add_arguments(parser), 
   formulation. Prints a table per module and writes JSON with ``--out``.
 - ``backbone``: latency and peak memory against resolution, eager and compiled; ``--plot F.png``
   draws them against the number of tokens, ``plot RESULTS.json --out F.png`` redraws a saved run.
+- ``precision``: backbone forward + backward in fp32 and bf16 autocast, against the matmul peak.
 - ``solver``: the landmark-system solvers (Newton-Schulz, conjugate gradients, Cholesky).
 - ``learning``: the real sets' configs of every backbone trained side by side (metric, speed, curves).
 - ``learning-toy``: toy-set training curves of model variants, side by side.
@@ -19,7 +20,7 @@ import sys
 import torch
 
 try:  # tools/dev/benchmarks: in a checkout, beside this script's folder (which Python puts on sys.path)
-    from dev.benchmarks import backbones, learning, learning_toy, plot, solver
+    from dev.benchmarks import backbones, learning, learning_toy, plot, precision, solver
     from dev.benchmarks.common import environment, publish, run_module
 except ModuleNotFoundError as err:
     if err.name not in ('dev', 'dev.benchmarks'):
@@ -69,6 +70,7 @@ SUBCOMMANDS = {
     'ops': (add_ops_arguments, run_ops),
     'backbone': plot.with_plot_option(backbones.add_arguments, backbones.main),  # + --plot F.png
     'plot': (plot.add_arguments, plot.main),  # redraw the --plot figure from a saved JSON
+    'precision': (precision.add_arguments, precision.main),  # fp32 / bf16, share of the matmul peak
     'solver': (solver.add_arguments, solver.main),  # landmark-system solvers: NS, CG, Cholesky
     'learning': (learning.add_arguments, learning.main),  # real sets, every backbone, side by side
     'learning-toy': (learning_toy.add_arguments, learning_toy.main),  # toy-set training curves

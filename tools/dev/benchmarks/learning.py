@@ -1,12 +1,14 @@
 """Real-data learning benchmark: ``python tools/benchmark.py learning --task T [--seeds 0 1]
-[--out F.json] [--plot F.png]``.
+[--precisions fp32 bf16] [--cfg-options K=V ...] [--out F.json] [--plot F.png]``.
 
 A task is one real set and its six configs (``TASKS``: ``configs/<set>/``, one per backbone:
 LaplacianFormer-T, Pola-PVT-T, Pola-Swin-T and the libraries' PVT-T, Swin-T and ResNet), and on CIFAR-10
 the papers' ablation switches (``ABLATIONS``: ``--cfg-options`` on the LaplacianFormer-T and
 Pola-PVT-T configs). Every run is the config unchanged — its schedule, its start (random: no
 weights are loaded) — through ``tools/train.py`` in a subprocess, seeded with ``randomness.seed``;
-the config's last validation (the held-out split) is the metric. From mmengine's
+the config's last validation (the held-out split) is the metric. ``--precisions bf16`` trains the
+same rows with ``tools/train.py --amp`` (bf16 autocast on the CPU, rows labelled ``, bf16``);
+``--cfg-options`` go to every run (a shorter schedule for a speed-only table). From mmengine's
 ``vis_data/scalars.json`` of each run: the loss curve, the metric, and the speed — images/s from the
 mean iteration ``time`` and the batch size, the data-loading share ``data_time / time`` — beside the
 run's wall time (start-up and validation included). Rows are the mean over seeds with the spread
@@ -70,6 +72,11 @@ ABLATIONS = {
 TASKS['cifar10']['runs'].update(ABLATIONS)
 
 
+# --precisions entry -> tools/train.py flags (bf16: the plugin's mixed-precision optim wrapper, bf16
+# autocast on the CPU, fp16 with loss scaling on CUDA).
+PRECISION_FLAGS = {'fp32': [], 'bf16': ['--amp']}
+
+
 def _run_spec(spec):
     return (spec, None) if isinstance(spec, str) else spec
 
@@ -86,14 +93,17 @@ def run_record(work_dir: str) -> dict:
                 data_share=statistics.mean(r['data_time'] for r in steady) / iter_s, val=vals[-1])
 
 
-def train_once(config: str, option, seed: int, work_dir: str, data_root) -> dict:
-    """``tools/train.py config`` in a subprocess; the run's record."""
+def train_once(config: str, option, seed: int, work_dir: str, data_root, precision: str = 'fp32',
+               extra_options: Sequence[str] = ()) -> dict:
+    """``tools/train.py config`` in a subprocess (with ``--amp`` for ``precision='bf16'``: bf16
+    autocast on the CPU); the run's record."""
     from mmengine.config import Config
     cfg = Config.fromfile(os.path.join(REPO_ROOT, config))
-    options = [f'randomness.seed={seed}'] + ([option] if option else [])
+    options = [f'randomness.seed={seed}'] + ([option] if option else []) + list(extra_options)
     if data_root:
         options += _data_root_options(cfg, data_root)
-    command = [sys.executable, 'tools/train.py', config, '--work-dir', work_dir, '--cfg-options', *options]
+    command = [sys.executable, 'tools/train.py', config, '--work-dir', work_dir,
+               *PRECISION_FLAGS[precision], '--cfg-options', *options]
     start = time.perf_counter()
     proc = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - start
@@ -165,6 +175,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--models', nargs='+', help='row labels to run (default: all of the task)')
     parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1])
     parser.add_argument('--data-root', help="the set's folder, if not the configs' data/<set>")
+    parser.add_argument('--precisions', nargs='+', choices=list(PRECISION_FLAGS), default=['fp32'],
+                        help='train every row in each (bf16: tools/train.py --amp); rows of a '
+                        'precision other than fp32 are labelled with it')
+    parser.add_argument('--cfg-options', nargs='+', default=[], metavar='KEY=VALUE',
+                        help='added to every run, e.g. train_cfg.max_epochs=1 for a speed-only table')
     parser.add_argument('--work-dir', default='work_dirs/benchmark_learning')
     parser.add_argument('--out', help='JSON file for the runs and the table')
     parser.add_argument('--plot', help='PNG file for the loss curves')
@@ -181,21 +196,24 @@ def main(args) -> int:
         raise SystemExit(f'--models: {unknown} are not rows of {args.task}: {list(task["runs"])}')
     metric = task['metrics'][0]
     runs, start = [], time.perf_counter()
-    for label in labels:
+    for label, precision in ((label, p) for label in labels for p in args.precisions):
         config, option = _run_spec(task['runs'][label])
+        row = label if precision == 'fp32' else f'{label}, {precision}'
         for seed in args.seeds:
-            slug = f"{os.path.basename(config)[:-3]}{'-' + option.split('=')[-1] if option else ''}-seed{seed}"
+            slug = (f"{os.path.basename(config)[:-3]}{'-' + option.split('=')[-1] if option else ''}"
+                    f"-{precision}-seed{seed}")
             record = train_once(config, option, seed, os.path.join(args.work_dir, args.task, slug),
-                                args.data_root)
-            record.update(model=label, config=config, cfg_option=option, seed=seed)
+                                args.data_root, precision, args.cfg_options)
+            record.update(model=row, config=config, cfg_option=option, seed=seed, precision=precision)
             runs.append(record)
-            print(f"{label} seed {seed}: {metric} {record['val'][metric]:.3f}, "
+            print(f"{row} seed {seed}: {metric} {record['val'][metric]:.3f}, "
                   f"{record['wall_s'] / 60:.1f} min, {record['images_per_s']:.1f} images/s, "
                   f"data_time {100 * record['data_share']:.0f}%", flush=True)
     total_min = (time.perf_counter() - start) / 60
     print(f"\n{args.task}: {total_min:.0f} min in all")
     result = dict(task=args.task, metric=metric, split=task['split'], data_root=data_root, seeds=args.seeds,
-                  total_min=total_min, environment=environment(), runs=runs)
+                  precisions=args.precisions, cfg_options=args.cfg_options, total_min=total_min,
+                  environment=environment(), runs=runs)
     publish([summarise(runs, task['metrics'], task['split'])], args.out, result)
     if args.plot:
         plot(result, args.plot)
