@@ -51,8 +51,8 @@ def training_step(model_name: str, size: Tuple[int, int, int], precision: str, m
     """The timed call (one forward + backward), the model and its input."""
     torch.manual_seed(0)
     height, width, batch = size
-    model = BACKBONES[model_name]().to(device).train()
-    model = model.to(memory_format=FORMATS[memory_format])
+    model = BACKBONES[model_name]().to(device, memory_format=FORMATS[memory_format])
+    model.train()  # mmdet's Swin returns None from train()
     images = torch.randn(batch, 3, height, width, device=device)
     images = images.contiguous(memory_format=FORMATS[memory_format])
     params = [p for p in model.parameters() if p.requires_grad]
