@@ -188,10 +188,24 @@ def test_reference_is_used_when_forced(compiled, monkeypatch):
     torch.testing.assert_close(forced, compiled_out, rtol=1e-12, atol=0)
 
 
-@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
-def test_half_inputs_run_the_fp32_kernel(compiled, dtype):
-    """The CPU kernels have fp32 and fp64 variants: half inputs run in fp32 (the ops' compute
-    dtype, as in the reference) and the result comes back in the input dtype."""
+def test_bf16_inputs_run_the_bf16_kernel(compiled):
+    """bf16 (CPU autocast's dtype) has a kernel of its own: it reads and writes bf16 and computes
+    in fp32, so the results are the fp64 reference's up to bf16 rounding of the inputs, the saved
+    output and the results (relative to the largest entry), with no fp32 copy of the tensors."""
+    q, k = make_inputs(2, 3, 300, 49, 32, torch.bfloat16)  # 300 rows: two backward chunks
+    grad = torch.randn(2, 3, 300, 49).to(torch.bfloat16)
+    got = run_op(q, k, grad)
+    assert all(t.dtype == torch.bfloat16 for t in got)
+    assert 'mmlinattn_laplacian_kernel_forward' in got[0].grad_fn.name()
+    for actual, expected in zip(got, reference_and_grads(q, k, grad.double(), torch.float64)):
+        scale = expected.abs().max().item()
+        torch.testing.assert_close(actual.double(), expected, rtol=0, atol=1e-2 * scale)
+
+
+def test_fp16_inputs_run_the_fp32_kernel(compiled):
+    """The CPU kernels have fp32, fp64 and bf16 variants: fp16 inputs run in fp32 (the ops'
+    compute dtype, as in the reference) and the result comes back in fp16."""
+    dtype = torch.float16
     q, k = make_inputs(1, 2, 9, 5, 8, dtype)
     grad = torch.randn(1, 2, 9, 5).to(dtype)
     out, dq, dk = run_op(q, k, grad)
@@ -275,7 +289,7 @@ def test_compiled_backward_checks_shapes(compiled):
         compiled.laplacian_kernel_backward(_t(2, 2, 5, 4), q, k, _t(2, 2, 5, 3), LAM, True, True)
 
 
-@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64, torch.bfloat16])
 def test_opcheck(compiled, dtype):
     """Schema, fake (meta) kernel, autograd registration and AOT dispatch of both operators."""
     q, k = make_inputs(2, 2, 37, 19, 33, dtype)

@@ -52,7 +52,8 @@ PACKAGES = {
 }
 # op -> device type -> the dtypes its compiled (C++) kernel takes.
 KERNEL_DTYPES: Dict[str, Dict[str, Tuple[torch.dtype, ...]]] = {
-    'laplacian_kernel': {'cpu': (torch.float32, torch.float64), 'cuda': _HALF_AND_FP32},
+    'laplacian_kernel': {'cpu': (torch.float32, torch.float64, torch.bfloat16),
+                         'cuda': _HALF_AND_FP32},
     'newton_schulz_inverse': {'cpu': (torch.float32, torch.float64),
                               'cuda': (torch.float32, torch.float64)},
     'polarity_linear_attention': {'cpu': (torch.float32, torch.float64, torch.bfloat16),

@@ -1,4 +1,4 @@
-// CPU Laplacian kernel op (fp32, fp64): schemas, work split, and the portable kernels.
+// CPU Laplacian kernel op (fp32, fp64, bf16): schemas, work split, and the portable kernels.
 // The design is in docs/ops/laplacian_kernel.md; the kernel interface in laplacian_kernel_cpu.h.
 //
 // Forward: tasks of kForwardRows query rows of one (batch, head); each task transposes that
@@ -292,12 +292,106 @@ void backward_cpu(const at::Tensor& grad, const at::Tensor& out, const at::Tenso
   });
 }
 
+// ---- bf16: the fp32 kernels on widened rows ---------------------------------------------------
+// bf16 tensors are read and written as they are (no fp32 copy of a whole input or output): each
+// task widens its own rows into fp32 scratch, runs the fp32 kernels and narrows its results as it
+// stores them. The work split is the fp32 one, so the results do not depend on the thread count.
+
+void widen(const at::BFloat16* src, int64_t count, float* dst) {
+  for (int64_t e = 0; e < count; ++e) dst[e] = static_cast<float>(src[e]);
+}
+
+void narrow(const float* src, int64_t count, at::BFloat16* dst) {
+  for (int64_t e = 0; e < count; ++e) dst[e] = static_cast<at::BFloat16>(src[e]);
+}
+
+void forward_cpu_bf16(const at::Tensor& q, const at::Tensor& k, at::Tensor& out, double lam) {
+  const int64_t bh = q.size(0) * q.size(1), n = q.size(2), m = k.size(2), d = q.size(3);
+  const int64_t mp = ceil_div(m, kKeyPad) * kKeyPad, tiles = ceil_div(n, kForwardRows);
+  const at::BFloat16* q_ptr = q.const_data_ptr<at::BFloat16>();
+  const at::BFloat16* k_ptr = k.const_data_ptr<at::BFloat16>();
+  at::BFloat16* out_ptr = out.mutable_data_ptr<at::BFloat16>();
+  const float scale = static_cast<float>(-1.0 / lam);
+  const Kernels<float>& kern = kernels<float>();
+  at::parallel_for(0, bh * tiles, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> kt(d * mp, 0.0f), q_rows(kForwardRows * d), out_rows(kForwardRows * m);
+    int64_t kt_head = -1;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / tiles, i0 = (t % tiles) * kForwardRows;
+      const int64_t rows = std::min(kForwardRows, n - i0);
+      if (b != kt_head) {
+        for (int64_t j = 0; j < m; ++j)
+          for (int64_t c = 0; c < d; ++c)
+            kt[c * mp + j] = static_cast<float>(k_ptr[(b * m + j) * d + c]);
+        kt_head = b;
+      }
+      widen(q_ptr + (b * n + i0) * d, rows * d, q_rows.data());
+      kern.forward_rows(q_rows.data(), kt.data(), out_rows.data(), rows, m, mp, d, scale);
+      narrow(out_rows.data(), rows * m, out_ptr + (b * n + i0) * m);
+    }
+  });
+}
+
+void backward_cpu_bf16(const at::Tensor& grad, const at::Tensor& out, const at::Tensor& q,
+                       const at::Tensor& k, at::BFloat16* dq_ptr, at::BFloat16* dk_ptr,
+                       double lam) {
+  const int64_t bh = q.size(0) * q.size(1), n = q.size(2), m = k.size(2), d = q.size(3);
+  const at::BFloat16 *g_ptr = grad.const_data_ptr<at::BFloat16>();
+  const at::BFloat16 *o_ptr = out.const_data_ptr<at::BFloat16>();
+  const at::BFloat16 *q_ptr = q.const_data_ptr<at::BFloat16>();
+  const at::BFloat16 *k_ptr = k.const_data_ptr<at::BFloat16>();
+  const int64_t chunks = ceil_div(n, kBackwardRows);
+  const bool need_dq = dq_ptr != nullptr, need_dk = dk_ptr != nullptr;
+  // fp32 partial dk per chunk [bh][chunks][m][d], summed in chunk order below.
+  std::vector<float> partial(need_dk ? bh * chunks * m * d : 0);
+  const Kernels<float>& kern = kernels<float>();
+  const float inv_lam = static_cast<float>(1.0 / lam);
+  at::parallel_for(0, bh * chunks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scratch(cpu::kScratchRows * m), k_head(m * d);
+    std::vector<float> g_rows(kBackwardRows * m), o_rows(kBackwardRows * m);
+    std::vector<float> q_rows(kBackwardRows * d), dq_rows(need_dq ? kBackwardRows * d : 0);
+    int64_t head = -1;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / chunks, i0 = (t % chunks) * kBackwardRows;
+      const int64_t rows = std::min(kBackwardRows, n - i0), first = (b * n + i0);
+      if (b != head) {
+        widen(k_ptr + b * m * d, m * d, k_head.data());
+        head = b;
+      }
+      widen(g_ptr + first * m, rows * m, g_rows.data());
+      widen(o_ptr + first * m, rows * m, o_rows.data());
+      widen(q_ptr + first * d, rows * d, q_rows.data());
+      kern.backward_rows(g_rows.data(), o_rows.data(), q_rows.data(), k_head.data(),
+                         need_dq ? dq_rows.data() : nullptr,
+                         need_dk ? partial.data() + t * m * d : nullptr, rows, m, d, inv_lam,
+                         need_dq, need_dk, scratch.data());
+      if (need_dq) narrow(dq_rows.data(), rows * d, dq_ptr + first * d);
+    }
+  });
+  if (!need_dk) return;
+  const int64_t size = m * d;
+  at::parallel_for(0, bh, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> sum(size);
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* src = partial.data() + b * chunks * size;
+      std::copy(src, src + size, sum.begin());
+      for (int64_t chunk = 1; chunk < chunks; ++chunk)
+        for (int64_t e = 0; e < size; ++e) sum[e] += src[chunk * size + e];
+      narrow(sum.data(), size, dk_ptr + b * size);
+    }
+  });
+}
+
 at::Tensor laplacian_kernel_forward_cpu(const at::Tensor& q_in, const at::Tensor& k_in,
                                         double lam) {
   check_forward_args(q_in, k_in, lam);
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous();
   at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), k.size(2)}, q.options());
   if (out.numel() == 0) return out;
+  if (q.scalar_type() == at::kBFloat16) {
+    forward_cpu_bf16(q, k, out, lam);
+    return out;
+  }
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "laplacian_kernel_forward_cpu",
                              [&] { forward_cpu<scalar_t>(q, k, out, lam); });
   return out;
@@ -317,6 +411,12 @@ std::tuple<at::Tensor, at::Tensor> laplacian_kernel_backward_cpu(
   };
   at::Tensor dq = make(need_dq, q), dk = make(need_dk, k);
   if (empty_sum || (!need_dq && !need_dk)) return {dq, dk};
+  if (q.scalar_type() == at::kBFloat16) {
+    backward_cpu_bf16(grad, out, q, k,
+                      need_dq ? dq.mutable_data_ptr<at::BFloat16>() : nullptr,
+                      need_dk ? dk.mutable_data_ptr<at::BFloat16>() : nullptr, lam);
+    return {dq, dk};
+  }
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "laplacian_kernel_backward_cpu", [&] {
     backward_cpu<scalar_t>(grad, out, q, k, need_dq ? dq.mutable_data_ptr<scalar_t>() : nullptr,
                            need_dk ? dk.mutable_data_ptr<scalar_t>() : nullptr, lam);
