@@ -1,7 +1,7 @@
 """``laplacian_kernel``: the Laplacian kernel ``exp(-||q_i - k_j||_1 / lam)`` without [B, H, N, M, D].
 
 Implementations: ``reference.py`` (``cdist`` + ``exp``); the C++ operators
-``torch.ops.mmlinattn.laplacian_kernel_forward`` / ``..._backward`` (CPU: fp32, fp64; CUDA: fp32,
+``torch.ops.mmlinattn.laplacian_kernel_forward`` / ``..._backward`` (CPU: fp32, fp64, bf16; CUDA: fp32,
 fp16, bf16 with fp32 accumulation; fake kernels and autograd in ``compiled.py``); the Triton
 operators ``..._triton_forward`` / ``..._triton_backward`` (``triton.py``). Formulas, layouts and
 the choices behind them: ``docs/ops/laplacian_kernel.md``.
