@@ -10,7 +10,7 @@ Dtype rules, the same for every op:
 - the arithmetic runs in :func:`compute_dtype`: fp64 stays fp64, everything else runs in fp32;
 - results come back in the promoted input dtype (fp16 in, fp16 out), except where an op says
   otherwise (the Newton–Schulz residual is in the compute dtype; the polarity attention returns
-  fp32 under autocast).
+  fp32 for fp16 inputs under autocast, whose powers would overflow in fp16).
 """
 import math
 import numbers
