@@ -16,7 +16,8 @@ from typing import FrozenSet, Optional
 import torch
 from torch import nn
 
-__all__ = ['BF16_CPU_FLAGS', 'cpu_flags', 'warn_if_cpu_lacks_bf16', 'run_mmcv_ops_in_fp32']
+__all__ = ['BF16_CPU_FLAGS', 'cpu_flags', 'cpu_has_bf16', 'warn_if_cpu_lacks_bf16',
+           'run_mmcv_ops_in_fp32']
 
 # Either gives the CPU native bf16 dot products (oneDNN uses them for bf16 matmuls and convolutions).
 BF16_CPU_FLAGS = ('avx512_bf16', 'amx_bf16')
@@ -35,12 +36,17 @@ def cpu_flags() -> Optional[FrozenSet[str]]:
     return None
 
 
+def cpu_has_bf16() -> Optional[bool]:
+    """Whether the CPU has one of :data:`BF16_CPU_FLAGS` (None where the flags cannot be read)."""
+    flags = cpu_flags()
+    return None if flags is None else bool(flags.intersection(BF16_CPU_FLAGS))
+
+
 @functools.lru_cache(maxsize=None)  # once per process: every run's wrapper and test loop asks
 def warn_if_cpu_lacks_bf16() -> None:
     """Warn that bf16 will be slower than fp32 when the CPU has none of :data:`BF16_CPU_FLAGS`
     (silent where the flags cannot be read)."""
-    flags = cpu_flags()
-    if flags is None or flags.intersection(BF16_CPU_FLAGS):
+    if cpu_has_bf16() in (None, True):
         return
     warnings.warn(f'this CPU has none of the bf16 instructions {" / ".join(BF16_CPU_FLAGS)} (not in '
                   '/proc/cpuinfo flags): bf16 autocast runs emulated and slower than fp32 here',

@@ -151,6 +151,20 @@ def test_demo_offline_without_the_real_sets_says_how_to_get_them_and_runs_the_to
         assert text in output, text
 
 
+@pytest.mark.slow
+def test_demo_trains_in_bf16_where_the_cpu_has_it(demo_run):
+    """AMP=auto: tools/train.py --amp (the plugin's bf16 optim wrapper) wherever the CPU has bf16
+    instructions, fp32 elsewhere."""
+    import torch
+    from mmlinattn.cpu_autocast import cpu_has_bf16
+    work_dir, output = demo_run
+    amp = torch.cuda.is_available() or bool(cpu_has_bf16())
+    assert ('[demo] mixed precision: on' if amp else '[demo] mixed precision: off') in output
+    logs = ''.join(open(path).read() for path in glob.glob(osp.join(work_dir, 'finetune', '*', '*.log')))
+    assert ('MixedPrecisionOptimWrapper: autocast to torch.bfloat16' in logs) == (
+        amp and not torch.cuda.is_available())
+
+
 def _losses(run_dir):
     path = sorted(glob.glob(osp.join(run_dir, '*', 'vis_data', 'scalars.json')))[-1]
     return [row['loss'] for row in map(json.loads, open(path)) if 'loss' in row]

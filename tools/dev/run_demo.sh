@@ -25,7 +25,10 @@
 #   PY               an interpreter that already has the environment: skips tools/dev/setup_env.sh
 #   DEMO_DATA        auto (default: COCO, else the real sets, else toy), balloon (fail without them) or toy
 #   WORK_DIR         output folder (default work_dirs/balloon_demo, work_dirs/toy_demo, or work_dirs/<config> on COCO)
-#   PRETRAIN_ITERS, FINETUNE_EPOCHS  the real demo's schedule (default 0: no pretraining, and 12)
+#   AMP              auto (default: bf16 mixed precision, tools/train.py / test.py --amp, where the CPU
+#                    has bf16 instructions or a GPU is there), 1 (always) or 0 (fp32)
+#   PRETRAIN_ITERS, FINETUNE_EPOCHS  the real demo's schedule (default 0: no pretraining, and 18 epochs
+#                    with AMP, 12 in fp32: about the same time on 2 cores)
 #   CONFIG           the COCO config (default configs/mask_rcnn_laplacian_tiny_1x_coco.py)
 #   EXTRA_OPTIONS    COCO: more --cfg-options for training and testing
 #   PRETRAIN_OPTIONS more --cfg-options for the pretraining, e.g. "train_cfg.max_epochs=3"
@@ -51,6 +54,15 @@ if [ -d data/coco ] && [ "$DEMO_DATA" = auto ]; then
     --out-json "$WORK_DIR/metrics.json" ${EXTRA_OPTIONS:+--cfg-options "${EXTRA[@]}"}
   exit 0
 fi
+
+AMP="${AMP:-auto}"
+if [ "$AMP" = auto ]; then
+  "$PY" -c 'import sys, torch; from mmlinattn.cpu_autocast import cpu_has_bf16
+sys.exit(0 if torch.cuda.is_available() or cpu_has_bf16() else 1)' && AMP=1 || AMP=0
+fi
+AMP_FLAG=()
+[ "$AMP" = 0 ] || AMP_FLAG=(--amp)
+echo "[demo] mixed precision: $([ "$AMP" = 0 ] && echo 'off (fp32)' || echo 'on (bf16 on the CPU, tools/train.py --amp)')"
 
 read -r -a PRETRAIN_EXTRA <<< "${PRETRAIN_OPTIONS:-}"
 read -r -a FINETUNE_EXTRA <<< "${FINETUNE_OPTIONS:-}"
@@ -89,7 +101,7 @@ fi
 
 if [ "$DATA" = balloon ]; then
   WORK_DIR="${WORK_DIR:-work_dirs/balloon_demo}"
-  FINETUNE_EPOCHS="${FINETUNE_EPOCHS:-12}"
+  FINETUNE_EPOCHS="${FINETUNE_EPOCHS:-$([ "$AMP" = 0 ] && echo 12 || echo 18)}"
   PRETRAIN_CONFIG=configs/cifar10/laplacianformer_tiny_1xb32_cifar10.py
   [ "$PRETRAIN_ITERS" != 0 ] || PRETRAIN_CONFIG=  # the detector starts from random weights
   FINETUNE_CONFIG=configs/balloon/mask_rcnn_laplacian_tiny_balloon.py
@@ -121,16 +133,16 @@ echo "[demo] $HEADLINE, in $WORK_DIR"
 INIT=()
 rm -rf "$WORK_DIR/pretrain" "$WORK_DIR/predictions"  # the report reads what this run wrote only
 if [ -n "$PRETRAIN_CONFIG" ]; then
-  stage pretrain "$PY" tools/train.py "$PRETRAIN_CONFIG" "${DATA_FLAGS[@]}" --work-dir "$WORK_DIR/pretrain" \
+  stage pretrain "$PY" tools/train.py "$PRETRAIN_CONFIG" "${DATA_FLAGS[@]}" ${AMP_FLAG[0]+"${AMP_FLAG[@]}"} --work-dir "$WORK_DIR/pretrain" \
     ${PRETRAIN_ARGS[0]+--cfg-options "${PRETRAIN_ARGS[@]}"}
   INIT=("${INIT_KEYS[@]}" "model.backbone.init_cfg.checkpoint=$(cat "$WORK_DIR/pretrain/last_checkpoint")")
 fi
 TRAIN_OPTIONS=("${INIT[@]}" "${FINETUNE_ARGS[@]}")
 TEST_OPTIONS=("${INIT[@]}" "${FINETUNE_EXTRA[@]}")
-stage finetune "$PY" tools/train.py "$FINETUNE_CONFIG" "${DATA_FLAGS[@]}" --work-dir "$WORK_DIR/finetune" \
+stage finetune "$PY" tools/train.py "$FINETUNE_CONFIG" "${DATA_FLAGS[@]}" ${AMP_FLAG[0]+"${AMP_FLAG[@]}"} --work-dir "$WORK_DIR/finetune" \
   ${TRAIN_OPTIONS[0]+--cfg-options "${TRAIN_OPTIONS[@]}"}
 DETECTOR="$(cat "$WORK_DIR/finetune/last_checkpoint")"
-stage test "$PY" tools/test.py "$FINETUNE_CONFIG" "$DETECTOR" "${DATA_FLAGS[@]}" --work-dir "$WORK_DIR/test" \
+stage test "$PY" tools/test.py "$FINETUNE_CONFIG" "$DETECTOR" "${DATA_FLAGS[@]}" ${AMP_FLAG[0]+"${AMP_FLAG[@]}"} --work-dir "$WORK_DIR/test" \
   --out-json "$WORK_DIR/metrics.json" --show-dir "$WORK_DIR/predictions" \
   ${TEST_OPTIONS[0]+--cfg-options "${TEST_OPTIONS[@]}"}
 "$PY" tools/dev/demo_report.py report "$WORK_DIR" --data "$DATA"
