@@ -19,6 +19,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import dispatch
+from .depthwise_conv import depthwise_conv2d
+from .depthwise_conv.reference import depthwise_conv2d_reference
 from .laplacian_kernel import laplacian_kernel
 from .laplacian_kernel.reference import laplacian_kernel_reference
 from .newton_schulz import newton_schulz_inverse
@@ -82,6 +84,12 @@ def _polarity_inputs(shape, gen):
             _scaled(gen, (b, h, n_keys, dv)), power]
 
 
+def _depthwise_inputs(shape, gen):
+    b, c, height, width, k = shape
+    return [_scaled(gen, (b, c, height, width)).contiguous(memory_format=torch.channels_last),
+            _scaled(gen, (c, 1, k, k), 1 / k), _scaled(gen, (c, ))]
+
+
 _HALVES = {torch.float16: (4e-3, 1e-2), torch.bfloat16: (3e-2, 6e-2)}
 CASES: Dict[str, OpCase] = {
     'laplacian_kernel': OpCase(
@@ -100,12 +108,20 @@ CASES: Dict[str, OpCase] = {
         make_inputs=_polarity_inputs,
         shapes=((1, 2, 33, 31, 9, 8), (2, 1, 1, 32, 1, 2), (2, 2, 64, 65, 32, 32)),
         quick=2, tolerances={torch.float32: (1e-4, 1e-4), **_HALVES}),
+    'depthwise_conv2d': OpCase(
+        reference=depthwise_conv2d_reference,
+        make_inputs=_depthwise_inputs,
+        # (B, C, H, W, k): channel counts on both sides of the CPU kernel's 16-lane block, maps
+        # smaller than the kernel, LaplacianFormer's 9x9 stage-1 branch.
+        shapes=((2, 5, 7, 9, 3), (1, 35, 4, 6, 9), (2, 64, 24, 17, 9)),
+        quick=2, tolerances={torch.float32: (1e-5, 1e-5), **_HALVES}),
 }
 _PUBLIC = {
     'laplacian_kernel': lambda q, k: laplacian_kernel(q, k, LAM),
     'newton_schulz_inverse': lambda a: newton_schulz_inverse(a, NS_ITERS, NS_EPS),
     'polarity_linear_attention': lambda q, k, v, p: polarity_linear_attention(q, k, v, p,
                                                                               POLA_EPS),
+    'depthwise_conv2d': depthwise_conv2d,
 }
 for _op, _case in CASES.items():
     _case.implementations.extend(dispatched(_op, _PUBLIC[_op], mode)
