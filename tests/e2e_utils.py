@@ -1,9 +1,11 @@
 """Helpers for the end-to-end tests: run the tools in a subprocess from the repo root, as a user would,
 on configs pointed at the toy data with a small input and a short iteration-based schedule."""
+import contextlib
 import copy
 import functools
 import glob
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -194,3 +196,18 @@ def evaluate(config, checkpoint, work_dir, *extra, processes=1):
         proc = run_distributed('dist_test.sh', config, checkpoint, processes, *options)
     with open(out_json) as f:
         return proc.output, json.load(f)
+
+
+@contextlib.contextmanager
+def mmengine_log():
+    """The messages logged through mmengine's current logger inside the block."""
+    from mmengine.logging import MMLogger
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)

@@ -4,9 +4,7 @@ weights read as inert records; mmengine's own checkpoints (resume, load_from) th
 weights-only loader; the official PolaFormer layout with its config object; and ``import mmlinattn``
 changing nothing outside its registry scope."""
 import argparse
-import contextlib
 import json
-import logging
 import os
 import pathlib
 import pickle
@@ -18,13 +16,13 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 import torch
-from mmengine.logging import HistoryBuffer, MessageHub, MMLogger
+from mmengine.logging import HistoryBuffer, MessageHub
 from mmengine.model import BaseModel
 from mmengine.runner import Runner
 from mmengine.runner.checkpoint import CheckpointLoader, load_checkpoint
 
 import convert_checkpoint  # tools/ (pytest.ini puts it on sys.path)
-from e2e_utils import ROOT, require_toy_data, run
+from e2e_utils import ROOT, mmengine_log, require_toy_data, run
 from mmlinattn.checkpoint import (MMENGINE_CHECKPOINT_GLOBALS, UnloadedObject,
                                   UnsafeCheckpointError, load_checkpoint_file,
                                   safe_checkpoint_loading)
@@ -33,20 +31,6 @@ from mmlinattn.models.backbones.polaformer_converter import convert_official, to
 from mmlinattn.restricted_unpickler import _allowed_globals
 
 CLS_CONFIG = 'tests/configs/resnet18_toy_imagenet.py'
-
-
-@contextlib.contextmanager
-def mmengine_log():
-    """The messages logged through mmengine's current logger inside the block."""
-    messages = []
-    handler = logging.Handler()
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = MMLogger.get_current_instance()
-    logger.addHandler(handler)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
 
 
 # ---- files whose pickle would create a file -------------------------------------------------------

@@ -3,10 +3,8 @@ no loss scaling), built by name from mmdet's, mmseg's and mmpretrain's scopes; o
 runner checkpoints that move between fp32 and bf16 runs; mmlinattn.MixedPrecisionTestLoop; mmcv's
 ops run in fp32 under bf16 autocast; the warning on a CPU without bf16 instructions; and ``--amp`` of
 tools/train.py and tools/test.py."""
-import contextlib
 import copy
 import importlib.util
-import logging
 import os
 import types
 import warnings
@@ -16,7 +14,6 @@ import torch
 from mmcv.ops import RoIAlign, nms
 from mmengine.config import Config
 from mmengine.evaluator import BaseMetric, Evaluator
-from mmengine.logging import MMLogger
 from mmengine.model import BaseModel
 from mmengine.optim import AmpOptimWrapper, OptimWrapper, build_optim_wrapper
 from mmengine.registry import DefaultScope
@@ -24,7 +21,7 @@ from mmengine.runner import Runner
 
 import train  # tools/ (pytest.ini puts it on sys.path)
 from _common import load_config
-from e2e_utils import ROOT
+from e2e_utils import ROOT, mmengine_log
 from mmlinattn import cpu_autocast
 from mmlinattn.cpu_autocast import run_mmcv_ops_in_fp32, warn_if_cpu_lacks_bf16
 from mmlinattn.loops import MixedPrecisionTestLoop
@@ -36,20 +33,6 @@ DET_CONFIG = os.path.join(ROOT, 'configs/mask_rcnn_laplacian_tiny_1x_coco.py')
 CLS_CONFIG = os.path.join(ROOT, 'tests/configs/resnet18_toy_imagenet.py')
 # The CPU path: on a GPU machine the wrapper is mmengine's AmpOptimWrapper (the `cuda` test below).
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU path (no CUDA device)')
-
-
-@contextlib.contextmanager
-def mmengine_log():
-    """The messages logged through mmengine's current logger inside the block."""
-    messages = []
-    handler = logging.Handler()
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = MMLogger.get_current_instance()
-    logger.addHandler(handler)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
 
 
 @pytest.fixture(autouse=True)
