@@ -133,8 +133,8 @@ def summarise(rows: List[Dict[str, object]], peaks: Dict[str, float]) -> Section
     columns = ['backbone', 'input', 'fp32 ms', 'bf16 ms', 'bf16 gain', 'vs Swin-T fp32',
                'vs Swin-T bf16', 'GFLOP', 'bf16 GFLOP/s', '% of bf16 peak', 'fp32 format',
                'bf16 format']
-    notes = [f'forward + backward, train mode, random weights; median of the timed calls after a '
-             f'warm-up; each precision in its faster memory format (the format columns).',
+    notes = ['forward + backward, train mode, random weights; median of the timed calls after a '
+             'warm-up; each precision in its faster memory format (the format columns).',
              f'matmul peak measured in this run ([4096, 1024] @ [1024, 1024]): bf16 '
              f'{peaks["bf16"]:.0f} GFLOP/s, fp32 {peaks["fp32"]:.0f} GFLOP/s '
              f'({peaks["bf16"] / peaks["fp32"]:.1f}x).',
