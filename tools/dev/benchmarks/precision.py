@@ -16,16 +16,14 @@ both measured, per precision), random weights, no drop-path.
 """
 import argparse
 import os
-import statistics
 import sys
-import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from . import backbones
-from .common import Section, environment, publish
+from .common import Section, environment, publish, time_call
 
 # name -> (height, width, batch)
 SIZES: Dict[str, Tuple[int, int, int]] = {'256^2 x2': (256, 256, 2), '512^2': (512, 512, 1),
@@ -66,28 +64,11 @@ def training_step(model_name: str, size: Tuple[int, int, int], precision: str, m
     return forward_backward, model, images
 
 
-def _sync(device: str) -> None:
-    if device.startswith('cuda'):
-        torch.cuda.synchronize()
-
-
-def median_ms(fn: Callable[[], object], device: str, repeats: int) -> float:
-    fn()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def matmul_peak_gflops(device: str, dtype: torch.dtype, repeats: int = 10) -> float:
     """GFLOP/s of ``[4096, 1024] @ [1024, 1024]`` in ``dtype``."""
     a = torch.randn(4096, 1024, device=device, dtype=dtype)
     b = torch.randn(1024, 1024, device=device, dtype=dtype)
-    ms = median_ms(lambda: a @ b, device, repeats)
+    ms = time_call(lambda: a @ b, device, repeats)
     return 2 * 4096 * 1024 * 1024 / ms / 1e6
 
 
@@ -108,7 +89,7 @@ def measure(model_name: str, size_name: str, device: str, repeats: int,
         best: Optional[Tuple[float, str]] = None
         for memory_format in FORMATS:
             fn, _, _ = training_step(model_name, size, precision, memory_format, device)
-            ms = median_ms(fn, device, repeats)
+            ms = time_call(fn, device, repeats)
             log(f'  {model_name} | {size_name} | {precision} {memory_format}: {ms:.1f} ms',
                 flush=True)
             if best is None or ms < best[0]:
