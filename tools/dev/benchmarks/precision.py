@@ -45,8 +45,8 @@ BACKBONES: Dict[str, Callable[[], nn.Module]] = {
 
 
 def training_step(model_name: str, size: Tuple[int, int, int], precision: str, memory_format: str,
-                  device: str) -> Tuple[Callable[[], object], nn.Module, torch.Tensor]:
-    """The timed call (one forward + backward), the model and its input."""
+                  device: str) -> Callable[[], object]:
+    """The timed call: one forward + backward of a fresh model on a random input."""
     torch.manual_seed(0)
     height, width, batch = size
     model = BACKBONES[model_name]().to(device, memory_format=FORMATS[memory_format])
@@ -61,7 +61,7 @@ def training_step(model_name: str, size: Tuple[int, int, int], precision: str, m
         loss = sum(out.float().mean() for out in outs)
         return torch.autograd.grad(loss, params, allow_unused=True)
 
-    return forward_backward, model, images
+    return forward_backward
 
 
 def matmul_peak_gflops(device: str, dtype: torch.dtype, repeats: int = 10) -> float:
@@ -88,7 +88,7 @@ def measure(model_name: str, size_name: str, device: str, repeats: int,
     for precision in PRECISIONS:
         best: Optional[Tuple[float, str]] = None
         for memory_format in FORMATS:
-            fn, _, _ = training_step(model_name, size, precision, memory_format, device)
+            fn = training_step(model_name, size, precision, memory_format, device)
             ms = time_call(fn, device, repeats)
             log(f'  {model_name} | {size_name} | {precision} {memory_format}: {ms:.1f} ms',
                 flush=True)
@@ -96,7 +96,7 @@ def measure(model_name: str, size_name: str, device: str, repeats: int,
                 best = (ms, memory_format)
             del fn
         row[f'{precision} ms'], row[f'{precision} format'] = best
-    fn, _, _ = training_step(model_name, size, 'fp32', 'contiguous', device)
+    fn = training_step(model_name, size, 'fp32', 'contiguous', device)
     row['GFLOP'] = counted_gflop(fn)
     row['bf16 gain'] = row['fp32 ms'] / row['bf16 ms']
     return row
