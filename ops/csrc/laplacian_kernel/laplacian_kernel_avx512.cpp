@@ -11,7 +11,7 @@
 //
 // Everything in this file is compiled for AVX-512 (the pragma below): it includes no library
 // headers whose inline functions could be shared with the rest of the extension, and its kernels
-// are only called after avx512_usable().
+// are only called where cpu_has_avx512() holds.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)  // as the driver's check
 #include <immintrin.h>
 
