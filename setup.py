@@ -12,6 +12,11 @@ would compile against a different one.
   ``mmlinattn/.mim/{configs,tools,model-index.yml}`` (the OpenMMLab layout that ``mim`` reads; ``mim
   search mmlinattn`` reads the model index): copied into wheels and non-editable installs, symlinked for
   an editable install. The developers' and CI's scripts and the benchmark cases (``tools/dev/``) do not.
+- The onnxruntime custom-op library ``mmlinattn/libmmlinattn_onnxruntime_ops.so`` (sources in
+  ``ops/onnxruntime`` plus the Laplacian kernel's plain-C++ CPU kernels) is built when
+  ``ONNXRUNTIME_INCLUDE_DIR`` names a folder with onnxruntime's C/C++ API headers
+  (``onnxruntime_cxx_api.h``; the pip wheel of onnxruntime has none, ``tools/dev/setup_env.sh``
+  fetches them). It links neither torch nor onnxruntime: onnxruntime hands it its API on loading.
 - ``MMLINATTN_SKIP_EXT=1`` installs the Python package only (the set-up script uses it after
   restoring a cached build of the extension).
 """
@@ -20,16 +25,20 @@ import re
 import shutil
 from glob import glob
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_py import build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join('ops', 'csrc')
+ORT_OPS = 'mmlinattn.libmmlinattn_onnxruntime_ops'
+# The torch extension's plain-C++ kernels that the onnxruntime op library runs too.
+ORT_SHARED_SOURCES = ('laplacian_kernel/laplacian_kernel_portable.cpp',
+                      'laplacian_kernel/laplacian_kernel_avx512.cpp')
 # What ships as mmlinattn/.mim/tools: the commands users run and the modules they import (configs/ ships
 # whole as .mim/configs; tools/dev/ stays in the repository). A new user tool is added here.
 MIM_TOOLS = ('train.py', 'test.py', 'dist_train.sh', 'dist_test.sh', 'get_flops.py', 'convert_checkpoint.py',
-             'export_onnx.py', 'visualize_attention.py', 'benchmark.py', '_common.py', '_toy_overlay.py',
-             'analysis', 'misc')  # a folder ships whole: misc/download_dataset.py
+             'export_onnx.py', 'deploy.py', 'deploy_test.py', 'visualize_attention.py', 'benchmark.py',
+             '_common.py', '_toy_overlay.py', 'analysis', 'misc')  # a folder ships whole: misc/download_dataset.py
 # torch 2.14.0 is the first release whose ATen/ATen.h and torch/all.h `#error` below C++20; up to
 # 2.13 they accept C++17 (checked in the headers of the 2.12.1, 2.13.0 and 2.14.0 wheels).
 CXX20_SINCE_TORCH = (2, 14)
@@ -126,7 +135,32 @@ def extension_modules():
             **common)
     else:
         ext = CppExtension(sources=cpp_sources, extra_compile_args={'cxx': cxx_flags}, **common)
-    return [ext], {'build_ext': BuildExtension.with_options(use_ninja=True)}
+    extensions = [ext] + onnxruntime_ops_library(std)
+
+    class BuildExtensions(BuildExtension.with_options(use_ninja=True)):
+        """torch's builder; the onnxruntime op library keeps a plain ``lib*.so`` name (it is loaded
+        by path, never imported)."""
+
+        def get_ext_filename(self, fullname):  # called with the full name and the last part
+            if ORT_OPS.endswith(fullname):
+                return os.path.join(*fullname.split('.')) + '.so'
+            return super().get_ext_filename(fullname)
+
+    return extensions, {'build_ext': BuildExtensions}
+
+
+def onnxruntime_ops_library(std):
+    """The onnxruntime custom-op library, where ``ONNXRUNTIME_INCLUDE_DIR`` has the API headers."""
+    include = os.getenv('ONNXRUNTIME_INCLUDE_DIR')
+    if not include:
+        return []
+    if not os.path.isfile(os.path.join(include, 'onnxruntime_cxx_api.h')):
+        raise SystemExit(f'mmlinattn: ONNXRUNTIME_INCLUDE_DIR={include} has no onnxruntime_cxx_api.h')
+    sources = sorted(glob(os.path.join('ops', 'onnxruntime', '*.cpp')))
+    sources += [os.path.join(CSRC, path) for path in ORT_SHARED_SOURCES]
+    return [Extension(ORT_OPS, sources=sources, include_dirs=[include, os.path.join(ROOT, CSRC)],
+                      extra_compile_args=[std, '-O3', '-fopenmp-simd', '-fvisibility=hidden'],
+                      language='c++')]
 
 
 ext_modules, ext_cmdclass = extension_modules()
@@ -146,6 +180,9 @@ setup(
         'det': ['mmdet==3.3.0', 'pycocotools'],
         'seg': ['mmsegmentation==1.2.2', 'ftfy', 'regex'],
         'cls': ['mmpretrain==1.2.0'],
+        # mmdeploy itself goes in with --no-deps (its protobuf<=3.20.2 pin cannot live beside onnx):
+        # what its onnxruntime path imports, and the runtime (docs/deployment.md)
+        'deploy': ['onnx', 'onnxruntime>=1.21', 'aenum', 'multiprocess', 'prettytable', 'terminaltables'],
     },
     ext_modules=ext_modules,
     cmdclass={'build_py': BuildPyWithMim, **ext_cmdclass},

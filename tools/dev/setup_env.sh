@@ -110,6 +110,39 @@ if ! have "mmdet==3.3.0" "mmsegmentation==1.2.2" "mmpretrain==1.2.0"; then
     "mmdet==3.3.0" "mmsegmentation==1.2.2" "mmpretrain==1.2.0" onnx onnxruntime onnxscript
 fi
 
+# mmdeploy 1.3.1 (tools/deploy.py, tools/deploy_test.py): its wheel pins protobuf<=3.20.2, which onnx
+# (>= 1.15) cannot use, so it goes in without its pins, beside the few of its requirements the
+# onnxruntime path imports (docs/deployment.md). onnx and onnxruntime came with the OpenMMLab step.
+if ! have "mmdeploy==1.3.1"; then
+  step "installing mmdeploy 1.3.1 (without its protobuf pin) and what its onnxruntime path imports"
+  run mmdeploy "${PIP[@]}" install --no-deps "mmdeploy==1.3.1"
+  run mmdeploy-deps "${PIP[@]}" install aenum multiprocess prettytable terminaltables
+fi
+
+# onnxruntime's pip wheel has no C/C++ API headers; Debian's libonnxruntime-dev package has them
+# (MIT, API version 21: the op library built against them loads into onnxruntime >= 1.21). Fetched
+# once into the cache and checked; without them the extension is built without the op library.
+ORT_HEADERS_VERSION=1.21.0+dfsg-1
+ORT_HEADERS_SHA256=14f7d959d5deacbcf1504830d4189f91fc67382b399ed9ae9d3aa9c4050ced08
+ORT_HEADERS_URL="http://deb.debian.org/debian/pool/main/o/onnxruntime/libonnxruntime-dev_${ORT_HEADERS_VERSION}_amd64.deb"
+ORT_HEADERS="$CACHE/onnxruntime-headers-$ORT_HEADERS_VERSION"
+if [ -z "${ONNXRUNTIME_INCLUDE_DIR:-}" ] && [ ! -f "$ORT_HEADERS/onnxruntime_cxx_api.h" ]; then
+  step "fetching onnxruntime's API headers ($ORT_HEADERS_URL)"
+  DEB="$CACHE/libonnxruntime-dev.deb"
+  if curl -fsSL --retry 2 -o "$DEB" "$ORT_HEADERS_URL" && echo "$ORT_HEADERS_SHA256  $DEB" | sha256sum -c --quiet; then
+    EXTRACT="$(mktemp -d)"
+    (cd "$EXTRACT" && ar x "$DEB" && tar -xf data.tar.* ./usr/include/onnxruntime)
+    rm -rf "$ORT_HEADERS" && mv "$EXTRACT/usr/include/onnxruntime" "$ORT_HEADERS"
+    rm -rf "$EXTRACT" "$DEB"
+  else
+    echo "[setup] WARNING: could not fetch onnxruntime's headers; building without the onnxruntime op library" >&2
+    rm -f "$DEB"
+  fi
+fi
+if [ -z "${ONNXRUNTIME_INCLUDE_DIR:-}" ] && [ -f "$ORT_HEADERS/onnxruntime_cxx_api.h" ]; then
+  export ONNXRUNTIME_INCLUDE_DIR="$ORT_HEADERS"
+fi
+
 # The extension is cached by a hash of its sources, setup.py, the torch version and the CUDA settings,
 # so a fresh clone with unchanged ops reuses the build (CUDA code takes minutes to compile).
 WITH_CUDA=0
@@ -119,19 +152,22 @@ if [ "${FORCE_CUDA:-0}" = "1" ] || "$PY" -c 'import torch, sys; sys.exit(0 if to
   NV_INCLUDE="$("$PY" -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cu13", "include"))' 2>/dev/null || true)"
   [ -d "$NV_INCLUDE" ] && export CPATH="$NV_INCLUDE${CPATH:+:$CPATH}"
 fi
-EXT_KEY="$( (cd "$ROOT" && find ops/csrc -type f | LC_ALL=C sort | xargs sha256sum; sha256sum setup.py;
-             echo "torch=$TORCH_VERSION cuda=$WITH_CUDA arch=${TORCH_CUDA_ARCH_LIST:-}") | sha256sum | cut -c1-16)"
+EXT_KEY="$( (cd "$ROOT" && find ops/csrc ops/onnxruntime -type f | LC_ALL=C sort | xargs sha256sum; sha256sum setup.py;
+             echo "torch=$TORCH_VERSION cuda=$WITH_CUDA arch=${TORCH_CUDA_ARCH_LIST:-} ort=${ONNXRUNTIME_INCLUDE_DIR:+$ORT_HEADERS_VERSION}") | sha256sum | cut -c1-16)"
 EXT_CACHE="$CACHE/ext/$EXT_KEY"
-rm -f "$ROOT"/mmlinattn/_ext*.so
+rm -f "$ROOT"/mmlinattn/_ext*.so "$ROOT"/mmlinattn/libmmlinattn_onnxruntime_ops.so
 if ls "$EXT_CACHE"/_ext*.so >/dev/null 2>&1; then
   step "reusing the cached build of mmlinattn._ext ($EXT_KEY, CUDA kernels: $WITH_CUDA)"
 else
-  step "compiling mmlinattn._ext (CUDA kernels: $WITH_CUDA${TORCH_CUDA_ARCH_LIST:+, archs $TORCH_CUDA_ARCH_LIST})"
+  step "compiling mmlinattn._ext (CUDA kernels: $WITH_CUDA${TORCH_CUDA_ARCH_LIST:+, archs $TORCH_CUDA_ARCH_LIST})${ONNXRUNTIME_INCLUDE_DIR:+ and the onnxruntime op library}"
   (cd "$ROOT" && MAX_JOBS="${MAX_JOBS:-2}" run extension "$PY" setup.py build_ext --inplace)
   mkdir -p "$EXT_CACHE.tmp" && cp "$ROOT"/mmlinattn/_ext*.so "$EXT_CACHE.tmp"/
+  if [ -n "${ONNXRUNTIME_INCLUDE_DIR:-}" ]; then
+    cp "$ROOT"/mmlinattn/libmmlinattn_onnxruntime_ops.so "$EXT_CACHE.tmp"/
+  fi
   rm -rf "$EXT_CACHE" && mv "$EXT_CACHE.tmp" "$EXT_CACHE"
 fi
-cp "$EXT_CACHE"/_ext*.so "$ROOT"/mmlinattn/
+cp "$EXT_CACHE"/*.so "$ROOT"/mmlinattn/
 
 if ! "$PY" -m pip show -f mmlinattn 2>/dev/null | grep -q "$ROOT"; then
   step "installing mmlinattn (editable)"

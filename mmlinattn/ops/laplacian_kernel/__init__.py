@@ -3,14 +3,16 @@
 Implementations: ``reference.py`` (``cdist`` + ``exp``); the C++ operators
 ``torch.ops.mmlinattn.laplacian_kernel_forward`` / ``..._backward`` (CPU: fp32, fp64, bf16; CUDA: fp32,
 fp16, bf16 with fp32 accumulation; fake kernels and autograd in ``compiled.py``); the Triton
-operators ``..._triton_forward`` / ``..._triton_backward`` (``triton.py``). Formulas, layouts and
-the choices behind them: ``docs/ops/laplacian_kernel.md``.
+operators ``..._triton_forward`` / ``..._triton_backward`` (``triton.py``); for ONNX export, one
+``mmlinattn::LaplacianKernel`` node run by the project's onnxruntime op library (``onnx.py``).
+Formulas, layouts and the choices behind them: ``docs/ops/laplacian_kernel.md``.
 """
 import torch
 
 from ..dispatch import choose, forward_operator, run_dtype
 from ..validation import (check_dims_match, check_positive_finite, check_same_device,
                          check_tensor, promote)
+from .onnx import LaplacianKernelNode, custom_node_requested
 from .reference import laplacian_kernel_reference
 
 
@@ -44,6 +46,8 @@ def laplacian_kernel(q: torch.Tensor, k: torch.Tensor, lam: float = 4.0) -> torc
     check_args(q, k, lam)
     dtype = promote(q, k)
     q, k = q.to(dtype), k.to(dtype)
+    if custom_node_requested():
+        return LaplacianKernelNode.apply(q, k, float(lam))
     implementation = choose('laplacian_kernel', q.device.type, dtype)
     if implementation == 'reference':
         return laplacian_kernel_reference(q, k, float(lam))
