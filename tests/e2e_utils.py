@@ -22,6 +22,14 @@ TOY_SET = {'mmdet': 'coco', 'mmseg': 'ade', 'mmpretrain': 'imagenet'}
 REAL_SETS = ('balloon', 'camvid', 'cifar10', 'coco128')
 
 
+def model_configs():
+    """Every model config under configs/ (subfolders too): not the ``_base_/`` parts, not the
+    mmdeploy deploy configs of ``configs/deploy/``."""
+    configs_dir = os.path.join(ROOT, 'configs')
+    return sorted(path for path in glob.glob(os.path.join(configs_dir, '**', '*.py'), recursive=True)
+                  if not {'_base_', 'deploy'} & set(os.path.relpath(path, configs_dir).split(os.sep)))
+
+
 def real_set_of(config_path: str):
     """The real set of a config under configs/<set>/, else None."""
     folder = os.path.relpath(config_path, os.path.join(ROOT, 'configs')).split(os.sep)[0]
@@ -30,7 +38,9 @@ def real_set_of(config_path: str):
 
 # The shared data folder's copies of the official archives (its README: counts, licences, sha256).
 SHARED_ARCHIVES = {'balloon': 'balloon_dataset.zip', 'coco128-seg': 'coco128-seg.zip',
-                   'camvid': 'camvid_mini.zip', 'cifar10': 'cifar10_mini.zip'}
+                   'camvid': 'camvid_mini.zip', 'cifar10': 'cifar10_mini.zip',
+                   'coco2017': 'coco2017_val_mini.zip', 'ade20k': 'ade20k_val_mini.zip',
+                   'imagenet': 'imagenet_val_mini.zip'}
 
 
 def shared_archive(file_name):

@@ -17,7 +17,6 @@ backbone's outputs have the channels the neck or heads are built for, at power-o
 (4/8/16/32 by stage for detection and segmentation); the neck's levels have the strides the heads'
 anchors and RoI extractors assume; the predictions have the task's shapes.
 """
-import glob
 import importlib
 import math
 import os
@@ -27,11 +26,10 @@ from typing import Any, Dict, List, Tuple
 import pytest
 import torch
 
-from e2e_utils import ROOT, load_config, real_set_of
+from e2e_utils import ROOT, load_config, model_configs, real_set_of
 
 CONFIGS_DIR = os.path.join(ROOT, 'configs')
-CONFIGS = sorted(path for path in glob.glob(os.path.join(CONFIGS_DIR, '**', '*.py'), recursive=True)
-                 if '_base_' not in os.path.relpath(path, CONFIGS_DIR).split(os.sep))
+CONFIGS = model_configs()
 SCOPES = ('mmdet', 'mmseg', 'mmpretrain')
 # (C, H, W) of the two training images and of the predicted one: odd sizes, padded by the libraries'
 # data preprocessors (mmdet to a multiple of 32, mmseg to the crop size set below).

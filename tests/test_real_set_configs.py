@@ -2,17 +2,15 @@
 (the plugin's three, the libraries' PVT-T, Swin-T and ResNet), every config builds through its
 library's registry with the task's class count, its backbone's outputs have the channels the neck
 or head is built for, and its datasets read the layout tools/misc/download_dataset.py writes."""
-import glob
 import os
 
 import pytest
 import torch
 
 from dev.benchmarks.learning import TASKS
-from e2e_utils import REAL_SETS, ROOT, load_config, real_set_of
+from e2e_utils import REAL_SETS, ROOT, load_config, model_configs, real_set_of
 
-CONFIGS = sorted(glob.glob(os.path.join(ROOT, 'configs', '*', '*.py')))
-REAL_CONFIGS = [path for path in CONFIGS if real_set_of(path)]
+REAL_CONFIGS = [path for path in model_configs() if real_set_of(path)]
 NUM_CLASSES = {'balloon': 1, 'coco128': 80, 'camvid': 11, 'cifar10': 10}
 # what the configs read, relative to the set's folder (the tool's layout, docs/datasets.md)
 LAYOUT = {'balloon': {'annotations/instances_train.json', 'annotations/instances_val.json', 'train/', 'val/'},
