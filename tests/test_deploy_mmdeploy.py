@@ -36,7 +36,7 @@ def trained(tmp_path_factory):
     download_dataset.prepare('balloon', str(user / 'data'), shared_archive(SHARED_ARCHIVES['balloon']),
                              max_size=256)
     tool('train.py', MODEL_CFG, '--amp', '--work-dir', 'train', '--cfg-options',
-         f'train_cfg.max_epochs={EPOCHS}', f'train_cfg.val_interval={EPOCHS}',
+         'randomness.seed=0', f'train_cfg.max_epochs={EPOCHS}', f'train_cfg.val_interval={EPOCHS}',
          f'param_scheduler.1.end={EPOCHS}', cwd=user)
     return user, str(user / 'train' / f'epoch_{EPOCHS}.pth')
 
