@@ -1,4 +1,4 @@
-"""Benchmarks: ``python tools/benchmark.py ops|backbone|precision|solver|learning|learning-toy|plot ... [--out F.json]``.
+"""Benchmarks: ``python tools/benchmark.py ops|backbone|precision|solver|learning|learning-toy|deploy|plot ... [--out F.json]``.
 
 The entry point only; the cases live in ``tools/dev/benchmarks/``, which runs from a checkout (the
 installed package ships this script, not the cases). Results: ``docs/benchmarks.md``.
@@ -13,6 +13,7 @@ Subcommands (one entry of ``SUBCOMMANDS`` each: ``name: (add_arguments(parser), 
 - ``solver``: the landmark-system solvers (Newton-Schulz, conjugate gradients, Cholesky).
 - ``learning``: the real sets' configs of every backbone trained side by side (metric, speed, curves).
 - ``learning-toy``: toy-set training curves of model variants, side by side.
+- ``deploy``: per-image latency of the mmdeploy onnxruntime models against PyTorch, ours and baselines.
 """
 import argparse
 import sys
@@ -20,7 +21,7 @@ import sys
 import torch
 
 try:  # tools/dev/benchmarks: in a checkout, beside this script's folder (which Python puts on sys.path)
-    from dev.benchmarks import backbones, learning, learning_toy, plot, precision, solver
+    from dev.benchmarks import backbones, deploy, learning, learning_toy, plot, precision, solver
     from dev.benchmarks.common import environment, publish, run_module
 except ModuleNotFoundError as err:
     if err.name not in ('dev', 'dev.benchmarks'):
@@ -74,6 +75,7 @@ SUBCOMMANDS = {
     'solver': (solver.add_arguments, solver.main),  # landmark-system solvers: NS, CG, Cholesky
     'learning': (learning.add_arguments, learning.main),  # real sets, every backbone, side by side
     'learning-toy': (learning_toy.add_arguments, learning_toy.main),  # toy-set training curves
+    'deploy': (deploy.add_arguments, deploy.main),  # onnxruntime (mmdeploy) and PyTorch latency per image
 }
 
 

@@ -1,0 +1,43 @@
+"""tools/benchmark.py deploy: every row's config exists (the libraries' shipped ones included) and
+loads without a pretrained download, the table's ratios, and the option checks. The measurement
+itself (exports and timings, minutes per row) is the benchmark's, not a test's."""
+import os
+
+import pytest
+
+from dev.benchmarks import deploy
+from dev.benchmarks.common import format_table
+
+
+@pytest.mark.parametrize('task,label', [(t, label) for t, (_, _, rows) in deploy.TASKS.items() for label in rows])
+def test_every_row_config_loads_without_pretrained_weights(task, label):
+    spec, edits = deploy.TASKS[task][2][label]
+    assert os.path.isfile(deploy.config_path(spec)), spec
+    cfg = deploy.model_config(spec, edits)
+    assert cfg.model.backbone.init_cfg is None
+    if label.startswith('PVT-T') and task == 'Mask R-CNN':
+        assert cfg.model.backbone.type == 'mmdet.PyramidVisionTransformer'
+        assert cfg.model.neck.in_channels == [64, 128, 320, 512]
+    deploy_task = deploy.TASKS[task][0]
+    for form in deploy.DEPLOY_CONFIGS.values():
+        assert os.path.isfile(os.path.join(deploy.REPO_ROOT, 'configs', 'deploy', form.format(task=deploy_task)))
+
+
+def test_the_table_compares_with_pytorch_and_the_task_baseline():
+    rows = [dict(task='RetinaNet', model='LaplacianFormer-T', input='800x1216',
+                 **{'onnxruntime custom_op': 2.0, 'onnxruntime standard_ops': 6.0, 'PyTorch fp32': 4.0}),
+            dict(task='RetinaNet', model='ResNet-50 (mmdet)', input='800x1216',
+                 **{'onnxruntime custom_op': 3.0, 'PyTorch fp32': 3.0})]
+    section = deploy.summarise(rows, threads=2)
+    ours, baseline = section.rows
+    assert ours['onnxruntime speed vs PyTorch'] == 2.0 and ours['onnxruntime speed vs the baseline'] == 1.5
+    assert ours['onnxruntime, standard ops ms'] == 6.0 and baseline['onnxruntime, standard ops ms'] is None
+    assert '2 threads' in format_table(section)
+
+
+def test_unknown_rows_are_refused(capsys):
+    import argparse
+    parser = argparse.ArgumentParser()
+    deploy.add_arguments(parser)
+    assert deploy.main(parser.parse_args(['--tasks', 'UperNet', '--models', 'ResNet-50 (mmdet)'])) == 2
+    assert "no row named ['ResNet-50 (mmdet)']" in capsys.readouterr().err
