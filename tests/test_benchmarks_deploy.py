@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from dev.benchmarks import deploy
+from dev.benchmarks import deploy_latency as deploy
 from dev.benchmarks.common import format_table
 
 

@@ -21,7 +21,7 @@ import sys
 import torch
 
 try:  # tools/dev/benchmarks: in a checkout, beside this script's folder (which Python puts on sys.path)
-    from dev.benchmarks import backbones, deploy, learning, learning_toy, plot, precision, solver
+    from dev.benchmarks import backbones, deploy_latency, learning, learning_toy, plot, precision, solver
     from dev.benchmarks.common import environment, publish, run_module
 except ModuleNotFoundError as err:
     if err.name not in ('dev', 'dev.benchmarks'):
@@ -75,7 +75,7 @@ SUBCOMMANDS = {
     'solver': (solver.add_arguments, solver.main),  # landmark-system solvers: NS, CG, Cholesky
     'learning': (learning.add_arguments, learning.main),  # real sets, every backbone, side by side
     'learning-toy': (learning_toy.add_arguments, learning_toy.main),  # toy-set training curves
-    'deploy': (deploy.add_arguments, deploy.main),  # onnxruntime (mmdeploy) and PyTorch latency per image
+    'deploy': (deploy_latency.add_arguments, deploy_latency.main),  # mmdeploy's onnxruntime vs PyTorch
 }
 
 
