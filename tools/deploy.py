@@ -20,6 +20,7 @@ Deploy configs for onnxruntime ship in ``configs/deploy/`` (docs/deployment.md);
 result with ``tools/deploy_test.py``.
 """
 import argparse
+import copy
 import logging
 import os
 import os.path as osp
@@ -114,8 +115,9 @@ def main(argv=None):
         from mmdeploy.backend.sdk.export_info import export2SDK
 
         from mmlinattn.checkpoint import safe_checkpoint_loading
-        with safe_checkpoint_loading(trusted):
-            export2SDK(deploy_cfg, model_cfg, args.work_dir, pth=args.checkpoint, device=args.device)
+        with safe_checkpoint_loading(trusted):  # copies: export2SDK rewrites the pipeline in place
+            export2SDK(copy.deepcopy(deploy_cfg), copy.deepcopy(model_cfg), args.work_dir,
+                       pth=args.checkpoint, device=args.device)
     onnx_file = export(deploy_cfg, model_cfg, args.checkpoint, args.img, args.work_dir, args.device,
                        trusted)
     logger.info(f'wrote {onnx_file}')
