@@ -72,30 +72,36 @@ def rewritten_and_onnxruntime_outputs(deploy_cfg, onnx_file, checkpoint, images)
     return pairs
 
 
-def assert_same_outputs(pairs, min_score=0.1, box_atol=0.5, score_atol=5e-3, mask_atol=0.05):
-    """Every detection scoring >= ``min_score`` in PyTorch has an onnxruntime twin (the best-IoU
-    box): same label, box within ``box_atol`` px, score within ``score_atol``, 28x28 mask
-    probabilities within ``mask_atol``; and as many detections score >= min_score, give or take
-    one. The slack is the heads' (ONNX's RoiAlign and NMS against mmcv's; the backbone's outputs
-    agree to 1e-5): detections near a threshold can come and go."""
+def image_mismatch(ref, got, min_score=0.1, box_atol=0.25, score_atol=1e-3, mask_atol=0.02):
+    """Why one image's onnxruntime outputs differ from PyTorch's, or None: as many detections score
+    >= ``min_score``, each PyTorch one has a twin (the best-IoU onnxruntime box) with its label, its
+    box within ``box_atol`` px, its score within ``score_atol`` and its 28x28 mask probabilities
+    within ``mask_atol``."""
     from mmdet.structures.bbox import bbox_overlaps
-    compared = 0
-    for (dets, labels, masks), (got_dets, got_labels, got_masks) in pairs:
-        dets, labels, masks = dets[0], labels[0], masks[0]
-        got_dets, got_labels, got_masks = got_dets[0], got_labels[0], got_masks[0]
-        strong = np.flatnonzero(dets[:, 4] >= min_score)
-        assert abs(int((got_dets[:, 4] >= min_score).sum()) - len(strong)) <= 1
-        if not len(strong):
-            continue
-        iou = bbox_overlaps(torch.from_numpy(dets[strong, :4]), torch.from_numpy(got_dets[:, :4]))
-        for row, index in enumerate(strong):
-            twin = int(iou[row].argmax())
-            assert got_labels[twin] == labels[index]
-            assert np.abs(got_dets[twin, :4] - dets[index, :4]).max() <= box_atol
-            assert abs(got_dets[twin, 4] - dets[index, 4]) <= score_atol
-            assert np.abs(got_masks[twin] - masks[index]).max() <= mask_atol
-            compared += 1
-    assert compared > 0
+    (dets, labels, masks), (got_dets, got_labels, got_masks) = [[t[0] for t in out] for out in (ref, got)]
+    strong = np.flatnonzero(dets[:, 4] >= min_score)
+    if int((got_dets[:, 4] >= min_score).sum()) != len(strong):
+        return f'{len(strong)} against {int((got_dets[:, 4] >= min_score).sum())} detections'
+    if not len(strong):
+        return None
+    twins = bbox_overlaps(torch.from_numpy(dets[strong, :4]), torch.from_numpy(got_dets[:, :4])).argmax(1)
+    for index, twin in zip(strong, twins.numpy()):
+        errors = (abs(got_dets[twin, :4] - dets[index, :4]).max(), abs(got_dets[twin, 4] - dets[index, 4]),
+                  abs(got_masks[twin] - masks[index]).max())
+        if got_labels[twin] != labels[index] or any(e > tol for e, tol in zip(errors, (box_atol, score_atol,
+                                                                                        mask_atol))):
+            return f'detection {index}: label {got_labels[twin]} / {labels[index]}, box, score, mask off by {errors}'
+    return None
+
+
+def assert_same_outputs(pairs):
+    """All photos but at most one match (:func:`image_mismatch`). The exception is a discrete one: a
+    proposal or box kept on one side and dropped on the other at an NMS or top-k boundary (ONNX's
+    NonMaxSuppression and RoiAlign against mmcv's), after which that photo's detections differ; on
+    the others boxes agree to hundredths of a pixel and scores to 1e-4 (the backbone to 1e-5)."""
+    mismatches = [m for m in (image_mismatch(ref, got) for ref, got in pairs) if m]
+    assert len(mismatches) <= 1, mismatches
+    assert sum(int((ref[0][0][:, 4] >= 0.1).sum()) for ref, _ in pairs) > 0
 
 
 def test_deploy_and_evaluate_match_pytorch_on_the_val_photos(tmp_path):
