@@ -139,4 +139,4 @@ def test_deploy_and_evaluate_match_pytorch_on_the_val_photos(tmp_path):
     graph = onnx.load(str(work / 'end2end.onnx'), load_external_data=False).graph
     assert not [n for n in graph.node if n.domain == 'mmlinattn']
     assert_same_outputs(rewritten_and_onnxruntime_outputs(STANDARD_OPS_CFG, str(work / 'end2end.onnx'),
-                                                          checkpoint, images))
+                                                          checkpoint, images[:4]))
