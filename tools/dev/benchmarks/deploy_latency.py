@@ -20,7 +20,6 @@ UperNet with Swin-T); Mask R-CNN with PVT-T, which mmdet has no config of, is ou
 with mmdet's PVT-T backbone.
 """
 import argparse
-import copy
 import os
 import os.path as osp
 import sys
@@ -106,8 +105,8 @@ def measure(task: str, label: str, threads: int, repeats: int, work_dir: str) ->
     spec, edits = rows[label]
     cfg = model_config(spec, edits)
     image = first_image(image_set)
-    plugin = any(t.startswith('mmlinattn.') for t in [cfg.model.backbone.type])
-    forms = ('custom_op', 'standard_ops') if plugin else ('custom_op', )
+    ours = cfg.model.backbone.type.startswith('mmlinattn.')
+    forms = ('custom_op', 'standard_ops') if ours else ('custom_op', )
     torch.manual_seed(0)
     deploy_cfg, _ = load_config(osp.join(REPO_ROOT, 'configs', 'deploy',
                                          DEPLOY_CONFIGS['custom_op'].format(task=deploy_task)), cfg)
@@ -127,7 +126,6 @@ def measure(task: str, label: str, threads: int, repeats: int, work_dir: str) ->
         session = onnxruntime.InferenceSession(onnx_file, options, providers=['CPUExecutionProvider'])
         feed = {session.get_inputs()[0].name: inputs.numpy()}
         row[f'onnxruntime {form}'] = time_call(lambda: session.run(None, feed), 'cpu', repeats)
-        del session
     with torch.no_grad():
         row['PyTorch fp32'] = time_call(
             lambda: model(inputs, data['data_samples'], mode='predict'), 'cpu', repeats)
