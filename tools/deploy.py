@@ -12,7 +12,8 @@ exporter on torch >= 2.9, the custom ops in their exportable form):
   (``deploy.json``, ``pipeline.json``, ``detail.json``);
 - ``--test-img`` (default ``IMG``): runs each image through PyTorch and onnxruntime and draws both
   results, ``DIR/output_pytorch.jpg`` and ``DIR/output_onnxruntime.jpg`` (one pair per image,
-  numbered when there are several);
+  numbered when there are several; a segmentor's as mmseg's visualiser names them,
+  ``output_pytorch_0.png``, with its step counter);
 - CHECKPOINT is read as the project's tools read checkpoints: tensors and plain data only, unless
   ``--unsafe-trust-checkpoint``.
 
@@ -20,6 +21,7 @@ Deploy configs for onnxruntime ship in ``configs/deploy/`` (docs/deployment.md);
 result with ``tools/deploy_test.py``.
 """
 import argparse
+import contextlib
 import copy
 import logging
 import os
@@ -91,15 +93,22 @@ def draw(deploy_cfg, model_cfg, checkpoint: str, onnx_file: str, images, work_di
 
     from mmlinattn.checkpoint import safe_checkpoint_loading
     from mmlinattn.deploy.mmdeploy import onnxruntime_sessions
-    for index, image in enumerate(images):
-        suffix = '' if len(images) == 1 else f'_{index}'
-        with onnxruntime_sessions():
-            visualize_model(model_cfg, deploy_cfg, [onnx_file], image, device,
-                            output_file=osp.join(work_dir, f'output_onnxruntime{suffix}.jpg'))
-        with safe_checkpoint_loading(trusted_checkpoint):
-            visualize_model(model_cfg, deploy_cfg, checkpoint, image, device,
-                            backend=Backend.PYTORCH,
-                            output_file=osp.join(work_dir, f'output_pytorch{suffix}.jpg'))
+
+    # mmdeploy's segmentation visualiser saves each picture after its first one into the working
+    # directory (it resets its saver's folder to '.' once the saver has started): draw from work_dir.
+    work_dir, checkpoint, onnx_file = map(osp.abspath, (work_dir, checkpoint, onnx_file))
+    images = [osp.abspath(image) for image in images]
+    trusted_checkpoint = trusted_checkpoint and osp.abspath(trusted_checkpoint)
+    with contextlib.chdir(work_dir):
+        for index, image in enumerate(images):
+            suffix = '' if len(images) == 1 else f'_{index}'
+            with onnxruntime_sessions():
+                visualize_model(model_cfg, deploy_cfg, [onnx_file], image, device,
+                                output_file=osp.join(work_dir, f'output_onnxruntime{suffix}.jpg'))
+            with safe_checkpoint_loading(trusted_checkpoint):
+                visualize_model(model_cfg, deploy_cfg, checkpoint, image, device,
+                                backend=Backend.PYTORCH,
+                                output_file=osp.join(work_dir, f'output_pytorch{suffix}.jpg'))
 
 
 def main(argv=None):

@@ -12,6 +12,9 @@ the config's metric, as mmdeploy's ``tools/test.py`` does (its wheel ships no to
   logged every ``--log-interval`` images and at the end.
 - ``--cfg-options`` changes the model config, e.g. the test set:
   ``test_dataloader.dataset.indices=20``.
+- A static deploy config (``onnx_config.input_shape``): the test pipeline's ``Resize`` gives that
+  size (``keep_ratio=False``), as mmdeploy resized the image it exported with; mmdeploy's own
+  ``tools/test.py`` leaves that to the user, and the graph then refuses every other size.
 """
 import argparse
 import json
@@ -56,6 +59,21 @@ def check_inputs(args) -> None:
         if value is not None and value < (0 if name == 'warmup' else 1):
             raise SystemExit(f'error: --{name.replace("_", "-")} must be a positive number, '
                              f'got {value}')
+
+
+def fit_test_pipeline_to_static_input(deploy_cfg, model_cfg) -> None:
+    """Under a static deploy config, each ``Resize`` of the test set's pipeline resizes to the
+    graph's input size, ignoring the aspect ratio, and each ``Pad`` with a size pads to it: mmdeploy's
+    rule for the image it exports with (its codebases' ``process_model_config``)."""
+    from mmdeploy.utils import get_input_shape
+    input_shape = get_input_shape(deploy_cfg)  # (width, height), or None: dynamic
+    if input_shape is None:
+        return
+    for transform in model_cfg.test_dataloader.dataset.pipeline:
+        if transform['type'] == 'Resize':
+            transform.update(scale=tuple(input_shape), keep_ratio=False)
+        elif transform['type'] == 'Pad' and 'size' in transform:
+            transform['size'] = tuple(input_shape)
 
 
 def build_dataloader(task_processor, model_cfg, batch_size: int):
@@ -105,6 +123,7 @@ def main(argv=None):
     deploy_cfg, model_cfg = load_configs(args.deploy_cfg, args.model_cfg)
     if args.cfg_options:
         model_cfg.merge_from_dict(args.cfg_options)
+    fit_test_pipeline_to_static_input(deploy_cfg, model_cfg)
     os.makedirs(args.work_dir, exist_ok=True)
     metrics = evaluate(deploy_cfg, model_cfg, args.model, args.device, args.work_dir,
                        args.batch_size, args.threads, args.speed_test, args.warmup,
