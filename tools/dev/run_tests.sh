@@ -9,7 +9,8 @@
 # tests are small: two workers of two OpenMP threads each on two cores mostly wait for each other);
 # the slow tier spreads single tests, keeps each `xdist_group` together and leaves torch's threads
 # as they are (its training runs and compiles use them). Arguments go to pytest instead, e.g.
-# `bash tools/dev/run_tests.sh -m "not slow"` for the fast tier alone, in one process.
+# `bash tools/dev/run_tests.sh -m "not slow"` for the fast tier alone, in one process. Each tier ends
+# with its slowest tests (--durations): where CI's time goes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -22,8 +23,8 @@ if [ "$#" -gt 0 ]; then
 fi
 workers="${TEST_WORKERS:-2}"
 start=$SECONDS
-OMP_NUM_THREADS=1 .venv/bin/python -m pytest -ra -m "not slow" -n "$workers" --dist loadfile
+OMP_NUM_THREADS=1 .venv/bin/python -m pytest -ra -m "not slow" -n "$workers" --dist loadfile --durations=10
 echo "[run_tests] tier -m \"not slow\" passed in $((SECONDS - start)) s ($workers workers)"
 start=$SECONDS
-.venv/bin/python -m pytest -ra -m slow -n "$workers" --dist loadgroup
+.venv/bin/python -m pytest -ra -m slow -n "$workers" --dist loadgroup --durations=25
 echo "[run_tests] tier -m slow passed in $((SECONDS - start)) s ($workers workers)"
