@@ -25,14 +25,46 @@ def test_every_row_config_loads_without_pretrained_weights(task, label):
 
 def test_the_table_compares_with_pytorch_and_the_task_baseline():
     rows = [dict(task='RetinaNet', model='LaplacianFormer-T', input='800x1216',
-                 **{'onnxruntime custom_op': 2.0, 'onnxruntime standard_ops': 6.0, 'PyTorch fp32': 4.0}),
+                 **{'onnxruntime custom_op': 2.0, 'onnxruntime standard_ops': 6.0, 'PyTorch fp32': 4.0,
+                    'PyTorch bf16': 3.0}),
             dict(task='RetinaNet', model='ResNet-50 (mmdet)', input='800x1216',
-                 **{'onnxruntime custom_op': 3.0, 'PyTorch fp32': 3.0})]
+                 **{'onnxruntime custom_op': 3.0, 'PyTorch fp32': 3.0, 'PyTorch bf16': 1.5})]
     section = deploy.summarise(rows, threads=2)
     ours, baseline = section.rows
-    assert ours['onnxruntime speed vs PyTorch'] == 2.0 and ours['onnxruntime speed vs the baseline'] == 1.5
+    assert ours['onnxruntime speed vs PyTorch fp32'] == 2.0 and ours['onnxruntime speed vs PyTorch bf16'] == 1.5
+    assert baseline['onnxruntime speed vs PyTorch bf16'] == 0.5
+    assert ours['onnxruntime speed vs the baseline'] == 1.5
     assert ours['onnxruntime, standard ops ms'] == 6.0 and baseline['onnxruntime, standard ops ms'] is None
     assert '2 threads' in format_table(section)
+
+
+def test_each_input_size_has_its_own_baseline():
+    times = {'onnxruntime custom_op': 1.0, 'PyTorch fp32': 1.0, 'PyTorch bf16': 1.0}
+    rows = [dict(task='RetinaNet', model='LaplacianFormer-T', input='800x1088', **times),
+            dict(task='RetinaNet', model='LaplacianFormer-T', input='1344x800', **dict(times, **{
+                'onnxruntime custom_op': 2.0})),
+            dict(task='RetinaNet', model='ResNet-50 (mmdet)', input='800x1088', **dict(times, **{
+                'onnxruntime custom_op': 3.0})),
+            dict(task='RetinaNet', model='ResNet-50 (mmdet)', input='1344x800', **dict(times, **{
+                'onnxruntime custom_op': 4.0}))]
+    section = deploy.summarise(rows, threads=2)
+    assert [(r['model'], r['input']) for r in section.rows] == [
+        ('LaplacianFormer-T', '800x1088'), ('ResNet-50 (mmdet)', '800x1088'),
+        ('LaplacianFormer-T', '1344x800'), ('ResNet-50 (mmdet)', '1344x800')]
+    assert [r['onnxruntime speed vs the baseline'] for r in section.rows] == [3.0, 1.0, 2.0, 1.0]
+
+
+def test_coco_latency_images_are_the_common_shape_and_the_one_filling_the_test_scale(tmp_path, monkeypatch):
+    from PIL import Image
+    folder = tmp_path / 'data' / 'coco' / 'val2017'
+    folder.mkdir(parents=True)
+    for name, size in {'a.jpg': (500, 375), 'b.jpg': (640, 480), 'c.jpg': (383, 640), 'd.jpg': (640, 360),
+                       'e.jpg': (640, 480)}.items():
+        Image.new('RGB', size).save(folder / name)
+    monkeypatch.setattr(deploy, 'REPO_ROOT', str(tmp_path))
+    assert [os.path.basename(p) for p in deploy.test_images('coco')] == ['b.jpg', 'c.jpg']
+    with pytest.raises(SystemExit, match='--dataset-name ade20k'):
+        deploy.test_images('ade')
 
 
 def test_unknown_rows_are_refused(capsys):

@@ -1,30 +1,36 @@
 """Deployment latency: ``python tools/benchmark.py deploy [--tasks ...] [--models ...] [--threads 2]``.
 
-Per image, one real validation image (the first of ``data/coco/val2017``, of
-``data/ade/ADEChallengeData2016/images/validation``) through the model config's own test pipeline
-(COCO: 1333x800 keep-ratio; ADE20K: 2048x512 keep-ratio), the same input tensor for every backend:
+Per image, real validation images (two of ``data/coco/val2017``, :func:`test_images`; the first of
+``data/ade/ADEChallengeData2016/images/validation`` and of ``data/imagenet/val``) through the model
+config's own test pipeline (COCO: 1333x800 keep-ratio; ADE20K: 2048x512 keep-ratio; ImageNet: short
+edge 256 (248 for Swin-T), centre crop 224), the same input tensor for every backend:
 
 - **onnxruntime**: the end-to-end graph ``tools/deploy.py`` writes with the task's dynamic deploy
   config (mmdeploy 1.3.1: pre-processed image in, boxes/masks/class map out, NMS inside), run with
   ``onnxruntime.InferenceSession.run`` on ``--threads`` intra-op threads. The plugin's rows twice:
   with the Laplacian kernel as the op library's custom node, and exported from standard ONNX
   operators (no op library);
-- **PyTorch fp32**: the same model's ``forward(mode='predict')`` on the pre-processed batch (eager,
-  ``torch.set_num_threads(--threads)``), post-processing included, as in the graph.
+- **PyTorch fp32** and **PyTorch bf16**: the same model's ``forward(mode='predict')`` on the
+  pre-processed batch (eager, ``torch.set_num_threads(--threads)``), post-processing included, as in
+  the graph; bf16 is ``torch.autocast('cpu', dtype=torch.bfloat16)`` with mmcv's ops in fp32, as
+  ``tools/test.py --amp`` runs it, and channels-last for the ResNet-50 rows (their fastest setting).
 
 Time: median of ``--repeats`` calls after one warm-up. Random weights (seed 0; the baselines'
 ``init_cfg`` dropped: no pretrained weights here): the backbones' and heads' cost does not depend on
 them; NMS's does a little, through the candidate counts, which the configs cap. The baselines are the
 libraries' own configs (mmdet's RetinaNet / Mask R-CNN with ResNet-50, PVT-T and Swin-T, mmseg's
-UperNet with Swin-T); Mask R-CNN with PVT-T, which mmdet has no config of, is our Mask R-CNN config
-with mmdet's PVT-T backbone.
+UperNet with Swin-T, mmpretrain's ResNet-50 and DeiT-T classifiers; not its Swin-T: mmdeploy 1.3.1's
+rewrite of mmpretrain's window attention does not fit mmpretrain 1.2, ``get_attn_mask() got multiple
+values for argument 'window_size'``); Mask R-CNN with PVT-T, which mmdet has no config of, is our
+Mask R-CNN config with mmdet's PVT-T backbone.
 """
 import argparse
+import math
 import os
 import os.path as osp
 import sys
 import tempfile
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -33,9 +39,15 @@ from .common import REPO_ROOT, Section, environment, publish, time_call
 # rows whose export needs a later opset than the deploy config's (mmdet's PVT calls
 # torch.unflatten, exported from opset 13 on)
 OPSET = {'PVT-T (mmdet)': 13}
+# rows whose graph is right at the traced size only (mmdet's PVT: its reshapes keep the traced sizes
+# as constants): exported once per image, as a static deploy per size would be
+TRACED_SIZE_ONLY = {'PVT-T (mmdet)'}
 DEPLOY_CONFIGS = {'custom_op': '{task}_onnxruntime_dynamic.py',
                   'standard_ops': '{task}_onnxruntime-standard-ops_dynamic.py'}
-IMAGES = {'coco': 'data/coco/val2017', 'ade': 'data/ade/ADEChallengeData2016/images/validation'}
+# image set -> (folder, the dataset tool's name for it)
+IMAGES = {'coco': ('data/coco/val2017', 'coco2017'),
+          'ade': ('data/ade/ADEChallengeData2016/images/validation', 'ade20k'),
+          'imagenet': ('data/imagenet/val', 'imagenet')}
 MMDET_PVT_T = dict(_delete_=True, type='mmdet.PyramidVisionTransformer', num_layers=[2, 2, 2, 2],
                    out_indices=(0, 1, 2, 3), init_cfg=None)
 
@@ -63,6 +75,14 @@ TASKS: Dict[str, Tuple[str, str, Dict[str, Tuple[str, Optional[dict]]]]] = {
         'Swin-T (mmseg)': ('mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py',
                            None),
     }),
+    'Classifier': ('classification', 'imagenet', {
+        'LaplacianFormer-T': ('configs/laplacianformer_tiny_8xb128_in1k.py', None),
+        'Pola-PVT-T': ('configs/pola_pvt_tiny_8xb128_in1k.py', None),
+        'Pola-Swin-T': ('configs/pola_swin_tiny_8xb128_in1k.py', None),
+        'Pola-DeiT-T': ('configs/pola_deit_tiny_8xb128_in1k.py', None),
+        'ResNet-50 (mmpretrain)': ('mmpretrain::resnet/resnet50_8xb32_in1k.py', None),
+        'DeiT-T (mmpretrain)': ('mmpretrain::deit/deit-tiny_4xb256_in1k.py', None),
+    }),
 }
 
 
@@ -84,69 +104,110 @@ def model_config(spec: str, edits: Optional[dict]):
     return cfg
 
 
-def first_image(image_set: str) -> str:
-    folder = osp.join(REPO_ROOT, IMAGES[image_set])
-    names = sorted(os.listdir(folder)) if osp.isdir(folder) else []
-    if not names:
+def test_images(image_set: str) -> List[str]:
+    """The images a task is timed on: the set's first; for COCO two photos, the first of 640x480
+    (COCO's commonest shape; input 800x1088) and the one nearest the test scale's 1333:800 aspect
+    (its input fills the scale: 1344x800)."""
+    from PIL import Image
+    folder, dataset_name = IMAGES[image_set]
+    folder = osp.join(REPO_ROOT, folder)
+    paths = [osp.join(folder, name) for name in sorted(os.listdir(folder))] if osp.isdir(folder) else []
+    if not paths:
         raise SystemExit(f'error: no images in {folder}: prepare the set first (tools/misc/download_dataset.py '
-                         f'--dataset-name {"coco2017" if image_set == "coco" else "ade20k"}, docs/datasets.md)')
-    return osp.join(folder, names[0])
+                         f'--dataset-name {dataset_name}, docs/datasets.md)')
+    if image_set != 'coco':
+        return paths[:1]
+    sizes = {path: Image.open(path).size for path in paths}  # reads the headers only
+    common = next((path for path in paths if sizes[path] == (640, 480)), paths[0])
+    filling = min(paths, key=lambda path: abs(math.log(max(sizes[path]) / min(sizes[path]) / (1333 / 800))))
+    return list(dict.fromkeys((common, filling)))
 
 
-def measure(task: str, label: str, threads: int, repeats: int, work_dir: str) -> dict:
-    """One row: export with tools/deploy.py's function, time onnxruntime and PyTorch."""
+def bf16_predict(model) -> Callable[[torch.Tensor, list], Any]:
+    """``model``'s predict as ``tools/test.py --amp`` runs it on the CPU (bf16 autocast, mmcv's ops in
+    fp32), channels-last for ResNets (their fastest setting). Changes ``model`` in place: time its fp32
+    predict before."""
+    from mmlinattn.cpu_autocast import run_mmcv_ops_in_fp32
+    run_mmcv_ops_in_fp32(model)
+    memory_format = torch.channels_last if type(model.backbone).__name__.startswith('ResNet') else None
+    if memory_format:
+        model.to(memory_format=memory_format)
+
+    def predict(inputs, data_samples):
+        if memory_format:
+            inputs = inputs.contiguous(memory_format=memory_format)
+        with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+            return model(inputs, data_samples, mode='predict')
+    return predict
+
+
+def measure(task: str, label: str, threads: int, repeats: int, work_dir: str) -> List[dict]:
+    """The model's rows, one per test image: exported once per form with tools/deploy.py's function
+    (traced on the first image; the graphs take any size; :data:`TRACED_SIZE_ONLY` rows once per
+    image), then onnxruntime and PyTorch timed on each image."""
     import onnxruntime
     from mmdeploy.apis import build_task_processor
     from mmdeploy.utils import load_config
 
     from deploy import export
     from mmlinattn.deploy.onnxruntime import ops_library_path, session_options
-    deploy_task, image_set, rows = TASKS[task]
-    spec, edits = rows[label]
+    deploy_task, image_set, models = TASKS[task]
+    spec, edits = models[label]
     cfg = model_config(spec, edits)
-    image = first_image(image_set)
+    images = test_images(image_set)
     ours = cfg.model.backbone.type.startswith('mmlinattn.')
-    forms = ('custom_op', 'standard_ops') if ours else ('custom_op', )
+    deploy_cfgs = {}
+    for form in ('custom_op', 'standard_ops') if ours else ('custom_op', ):
+        deploy_cfgs[form], _ = load_config(osp.join(REPO_ROOT, 'configs', 'deploy',
+                                                    DEPLOY_CONFIGS[form].format(task=deploy_task)), cfg)
+        if label in OPSET:
+            onnx_config = deploy_cfgs[form].onnx_config
+            onnx_config.opset_version = max(OPSET[label], onnx_config.opset_version)
     torch.manual_seed(0)
-    deploy_cfg, _ = load_config(osp.join(REPO_ROOT, 'configs', 'deploy',
-                                         DEPLOY_CONFIGS['custom_op'].format(task=deploy_task)), cfg)
-    processor = build_task_processor(cfg, deploy_cfg, 'cpu')
+    processor = build_task_processor(cfg, deploy_cfgs['custom_op'], 'cpu')
     model = processor.build_pytorch_model(None).eval()
     checkpoint = osp.join(work_dir, 'random.pth')
     torch.save({'state_dict': model.state_dict(), 'meta': {}}, checkpoint)
-    data, inputs = processor.create_input(image, None, data_preprocessor=model.data_preprocessor)
-    row = dict(task=task, model=label, input=f'{inputs.shape[2]}x{inputs.shape[3]}')
-    for form in forms:
-        deploy_cfg, _ = load_config(osp.join(REPO_ROOT, 'configs', 'deploy',
-                                             DEPLOY_CONFIGS[form].format(task=deploy_task)), cfg)
-        if label in OPSET:
-            deploy_cfg.onnx_config.opset_version = max(OPSET[label], deploy_cfg.onnx_config.opset_version)
-        onnx_file = export(deploy_cfg, cfg, checkpoint, image, osp.join(work_dir, form))
-        options = session_options(threads, ops_library=ops_library_path() is not None)
-        session = onnxruntime.InferenceSession(onnx_file, options, providers=['CPUExecutionProvider'])
-        feed = {session.get_inputs()[0].name: inputs.numpy()}
-        row[f'onnxruntime {form}'] = time_call(lambda: session.run(None, feed), 'cpu', repeats)
+    batches = [processor.create_input(image, None, data_preprocessor=model.data_preprocessor) for image in images]
+    rows = [dict(task=task, model=label, input=f'{inputs.shape[2]}x{inputs.shape[3]}') for _, inputs in batches]
+    options = session_options(threads, ops_library=ops_library_path() is not None)
+    for form, deploy_cfg in deploy_cfgs.items():
+        traced = images if label in TRACED_SIZE_ONLY else images[:1]
+        sessions = {image: onnxruntime.InferenceSession(
+            export(deploy_cfg, cfg, checkpoint, image, osp.join(work_dir, form, str(index))), options,
+            providers=['CPUExecutionProvider']) for index, image in enumerate(traced)}
+        for row, image, (_, inputs) in zip(rows, images, batches):
+            session = sessions.get(image, sessions[images[0]])
+            feed = {session.get_inputs()[0].name: inputs.numpy()}
+            row[f'onnxruntime {form}'] = time_call(lambda: session.run(None, feed), 'cpu', repeats)
     with torch.no_grad():
-        row['PyTorch fp32'] = time_call(
-            lambda: model(inputs, data['data_samples'], mode='predict'), 'cpu', repeats)
-    print(f'  {task} {label}: ' + ', '.join(f'{k} {v:.0f} ms' for k, v in row.items()
-                                             if isinstance(v, float)), flush=True)
-    return row
+        for row, (data, inputs) in zip(rows, batches):
+            row['PyTorch fp32'] = time_call(lambda: model(inputs, data['data_samples'], mode='predict'),
+                                            'cpu', repeats)
+    predict = bf16_predict(model)
+    for row, (data, inputs) in zip(rows, batches):
+        row['PyTorch bf16'] = time_call(lambda: predict(inputs, data['data_samples']), 'cpu', repeats)
+        print(f'  {task} {label}: ' + ', '.join(f'{k} {v:.0f} ms' if isinstance(v, float) else v
+                                                 for k, v in row.items() if k not in ('task', 'model')),
+              flush=True)
+    return rows
 
 
 def summarise(rows: List[dict], threads: int) -> Section:
-    """Per task, each model's latencies and its onnxruntime speed against the task's first
-    library baseline (ResNet-50; Swin-T for UperNet) and against its own PyTorch fp32."""
+    """Per task and input size, each model's latencies and its onnxruntime speed against the first
+    library baseline (ResNet-50; Swin-T for UperNet) on the same input and against its own PyTorch
+    fp32 and bf16."""
     out = []
-    for task in dict.fromkeys(r['task'] for r in rows):
-        mine = [r for r in rows if r['task'] == task]
+    for task, size in dict.fromkeys((r['task'], r['input']) for r in rows):
+        mine = [r for r in rows if (r['task'], r['input']) == (task, size)]
         baseline = next((r for r in mine if '(mm' in r['model']), None)
         for r in mine:
             ort = r['onnxruntime custom_op']
-            out.append({'task': task, 'model': r['model'], 'input': r['input'],
+            out.append({'task': task, 'model': r['model'], 'input': size,
                         'onnxruntime ms': ort, 'onnxruntime, standard ops ms': r.get('onnxruntime standard_ops'),
-                        'PyTorch fp32 ms': r['PyTorch fp32'],
-                        'onnxruntime speed vs PyTorch': r['PyTorch fp32'] / ort,
+                        'PyTorch fp32 ms': r['PyTorch fp32'], 'PyTorch bf16 ms': r['PyTorch bf16'],
+                        'onnxruntime speed vs PyTorch fp32': r['PyTorch fp32'] / ort,
+                        'onnxruntime speed vs PyTorch bf16': r['PyTorch bf16'] / ort,
                         'onnxruntime speed vs the baseline':
                             (baseline['onnxruntime custom_op'] / ort) if baseline else None})
     columns = list(dict.fromkeys(key for r in out for key in r))
@@ -155,6 +216,8 @@ def summarise(rows: List[dict], threads: int) -> Section:
                    notes=['onnxruntime ms: the plugin\'s rows with the Laplacian kernel as the op library\'s '
                           'custom node (other rows: no custom node of ours); standard ops: exported from '
                           'standard ONNX operators, no op library.',
+                          'PyTorch bf16 ms: autocast to bf16 with mmcv\'s ops in fp32 (tools/test.py --amp), '
+                          'channels-last for ResNet-50.',
                           'the baseline: the task\'s first library model (ResNet-50; Swin-T for UperNet), '
                           'in onnxruntime; speed ratios > 1: faster.'])
 
@@ -183,7 +246,7 @@ def main(args: argparse.Namespace) -> int:
                 continue
             with tempfile.TemporaryDirectory(prefix='deploy_bench-') as work_dir:
                 try:
-                    rows.append(measure(task, label, args.threads, args.repeats, work_dir))
+                    rows += measure(task, label, args.threads, args.repeats, work_dir)
                 except Exception as err:  # one row's export failing is a result, not the end
                     print(f'  {task} {label}: failed: {type(err).__name__}: {err}', flush=True)
                     failed.append(f'{task}, {label}: {type(err).__name__}: {str(err).splitlines()[0][:200]}')
