@@ -73,3 +73,28 @@ def test_unknown_rows_are_refused(capsys):
     deploy.add_arguments(parser)
     assert deploy.main(parser.parse_args(['--tasks', 'UperNet', '--models', 'ResNet-50 (mmdet)'])) == 2
     assert "no row named ['ResNet-50 (mmdet)']" in capsys.readouterr().err
+
+
+def test_onnxruntime_op_times_per_run_and_the_profile_table(tmp_path):
+    """A two-node graph (MatMul then Relu) profiled: both op types, per run, largest first; the table
+    keeps the top op types and sums the rest."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+    graph = helper.make_graph(
+        [helper.make_node('MatMul', ['x', 'w'], ['y']), helper.make_node('Relu', ['y'], ['z'])], 'g',
+        [helper.make_tensor_value_info('x', TensorProto.FLOAT, [256, 256])],
+        [helper.make_tensor_value_info('z', TensorProto.FLOAT, [256, 256])],
+        [helper.make_tensor('w', TensorProto.FLOAT, [256, 256], np.ones(256 * 256, np.float32))])
+    path = str(tmp_path / 'g.onnx')
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid('', 13)]), path)
+    times = deploy.onnxruntime_op_times(path, {'x': np.ones((256, 256), np.float32)}, threads=1, runs=2,
+                                        work_dir=str(tmp_path))
+    assert set(times) == {'MatMul', 'Relu'} and all(ms > 0 for ms in times.values())
+    assert list(times.values()) == sorted(times.values(), reverse=True)
+
+    rows = [dict(task='RetinaNet', model='LaplacianFormer-T', input='800x1088',
+                 profile={'LaplacianKernel': 5.0, 'Conv': 3.0, 'MatMul': 1.0, 'Add': 1.0})]
+    section = deploy.summarise_profiles(rows, top=2)
+    assert [(r['op type'], r['ms'], r['share %']) for r in section.rows] == [
+        ('LaplacianKernel', 5.0, 50.0), ('Conv', 3.0, 30.0), ('(other)', 2.0, 20.0)]

@@ -25,6 +25,7 @@ values for argument 'window_size'``); Mask R-CNN with PVT-T, which mmdet has no 
 Mask R-CNN config with mmdet's PVT-T backbone.
 """
 import argparse
+import json
 import math
 import os
 import os.path as osp
@@ -141,10 +142,35 @@ def bf16_predict(model) -> Callable[[torch.Tensor, list], Any]:
     return predict
 
 
-def measure(task: str, label: str, threads: int, repeats: int, work_dir: str) -> List[dict]:
+def onnxruntime_op_times(onnx_file: str, feed: dict, threads: int, runs: int, work_dir: str) -> Dict[str, float]:
+    """Milliseconds per run that onnxruntime's profiler puts in each op type, largest first: its node
+    events in ``runs`` runs, after a warm-up run left out of the sum."""
+    import onnxruntime
+
+    from mmlinattn.deploy.onnxruntime import ops_library_path, session_options
+    options = session_options(threads, ops_library=ops_library_path() is not None)
+    options.enable_profiling = True
+    options.profile_file_prefix = osp.join(work_dir, 'onnxruntime_profile')
+    session = onnxruntime.InferenceSession(onnx_file, options, providers=['CPUExecutionProvider'])
+    for _ in range(runs + 1):
+        session.run(None, feed)
+    with open(session.end_profiling()) as f:
+        events = json.load(f)
+    warm_up = min((e for e in events if e.get('name') == 'model_run'), key=lambda e: e['ts'])
+    times: Dict[str, float] = {}
+    for event in events:
+        if event.get('cat') == 'Node' and event['ts'] >= warm_up['ts'] + warm_up['dur'] and 'op_name' in event.get(
+                'args', {}):
+            times[event['args']['op_name']] = times.get(event['args']['op_name'], 0.0) + event['dur'] / 1e3 / runs
+    return dict(sorted(times.items(), key=lambda item: -item[1]))
+
+
+def measure(task: str, label: str, threads: int, repeats: int, work_dir: str,
+            profile: bool = False) -> List[dict]:
     """The model's rows, one per test image: exported once per form with tools/deploy.py's function
     (traced on the first image; the graphs take any size; :data:`TRACED_SIZE_ONLY` rows once per
-    image), then onnxruntime and PyTorch timed on each image."""
+    image), then onnxruntime and PyTorch timed on each image; with ``profile``, the first row also
+    holds onnxruntime's time per op type on the first image (:func:`onnxruntime_op_times`)."""
     import onnxruntime
     from mmdeploy.apis import build_task_processor
     from mmdeploy.utils import load_config
@@ -173,13 +199,17 @@ def measure(task: str, label: str, threads: int, repeats: int, work_dir: str) ->
     options = session_options(threads, ops_library=ops_library_path() is not None)
     for form, deploy_cfg in deploy_cfgs.items():
         traced = images if label in TRACED_SIZE_ONLY else images[:1]
-        sessions = {image: onnxruntime.InferenceSession(
-            export(deploy_cfg, cfg, checkpoint, image, osp.join(work_dir, form, str(index))), options,
-            providers=['CPUExecutionProvider']) for index, image in enumerate(traced)}
+        onnx_files = {image: export(deploy_cfg, cfg, checkpoint, image, osp.join(work_dir, form, str(index)))
+                      for index, image in enumerate(traced)}
+        sessions = {image: onnxruntime.InferenceSession(onnx_file, options, providers=['CPUExecutionProvider'])
+                    for image, onnx_file in onnx_files.items()}
         for row, image, (_, inputs) in zip(rows, images, batches):
             session = sessions.get(image, sessions[images[0]])
             feed = {session.get_inputs()[0].name: inputs.numpy()}
             row[f'onnxruntime {form}'] = time_call(lambda: session.run(None, feed), 'cpu', repeats)
+        if profile and form == 'custom_op':
+            feed = {sessions[images[0]].get_inputs()[0].name: batches[0][1].numpy()}
+            rows[0]['profile'] = onnxruntime_op_times(onnx_files[images[0]], feed, threads, repeats, work_dir)
     with torch.no_grad():
         for row, (data, inputs) in zip(rows, batches):
             row['PyTorch fp32'] = time_call(lambda: model(inputs, data['data_samples'], mode='predict'),
@@ -222,11 +252,30 @@ def summarise(rows: List[dict], threads: int) -> Section:
                           'in onnxruntime; speed ratios > 1: faster.'])
 
 
+def summarise_profiles(rows: List[dict], top: int = 8) -> Section:
+    """Per profiled model, onnxruntime's ``top`` op types by time (the rest summed) and their share."""
+    out = []
+    for r in rows:
+        if 'profile' not in r:
+            continue
+        total = sum(r['profile'].values())
+        ops = list(r['profile'].items())
+        ops = ops[:top] + ([('(other)', sum(ms for _, ms in ops[top:]))] if len(ops) > top else [])
+        out += [{'task': r['task'], 'model': r['model'], 'input': r['input'], 'op type': op, 'ms': ms,
+                 'share %': 100 * ms / total} for op, ms in ops]
+    return Section(title="Where onnxruntime's time goes (its profiler, node time per image)",
+                   columns=['task', 'model', 'input', 'op type', 'ms', 'share %'], rows=out,
+                   notes=['node time summed per op type; the session\'s own overhead between nodes is '
+                          'not in it.'])
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--tasks', nargs='+', choices=list(TASKS), help=f'subset of {list(TASKS)}')
     parser.add_argument('--models', nargs='+', metavar='NAME', help='row labels to run (default: all)')
     parser.add_argument('--threads', type=int, default=2, help='onnxruntime intra-op and torch threads')
     parser.add_argument('--repeats', type=int, default=3, help='timed calls per backend (median)')
+    parser.add_argument('--profile', action='store_true',
+                        help="also profile each model's onnxruntime run on the first image (time per op type)")
     parser.add_argument('--out', help='write the results as JSON to this file')
 
 
@@ -246,11 +295,11 @@ def main(args: argparse.Namespace) -> int:
                 continue
             with tempfile.TemporaryDirectory(prefix='deploy_bench-') as work_dir:
                 try:
-                    rows += measure(task, label, args.threads, args.repeats, work_dir)
+                    rows += measure(task, label, args.threads, args.repeats, work_dir, args.profile)
                 except Exception as err:  # one row's export failing is a result, not the end
                     print(f'  {task} {label}: failed: {type(err).__name__}: {err}', flush=True)
                     failed.append(f'{task}, {label}: {type(err).__name__}: {str(err).splitlines()[0][:200]}')
     section = summarise(rows, args.threads)
     section.notes += [f'not measured: {reason}' for reason in failed]
-    publish([section], args.out, meta)
+    publish([section] + ([summarise_profiles(rows)] if args.profile else []), args.out, meta)
     return 1 if failed else 0
