@@ -217,9 +217,8 @@ def measure(task: str, label: str, threads: int, repeats: int, work_dir: str,
     predict = bf16_predict(model)
     for row, (data, inputs) in zip(rows, batches):
         row['PyTorch bf16'] = time_call(lambda: predict(inputs, data['data_samples']), 'cpu', repeats)
-        print(f'  {task} {label}: ' + ', '.join(f'{k} {v:.0f} ms' if isinstance(v, float) else v
-                                                 for k, v in row.items() if k not in ('task', 'model')),
-              flush=True)
+        print(f'  {task} {label}, {row["input"]}: ' + ', '.join(f'{k} {v:.0f} ms' for k, v in row.items()
+                                                               if isinstance(v, float)), flush=True)
     return rows
 
 
