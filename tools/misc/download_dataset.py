@@ -103,7 +103,17 @@ class Report:
     defects: Counter = field(default_factory=Counter)
 
 
-class Archive:
+class ClosedOnExit:
+    """``with`` closes it: the archive classes' context protocol."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Archive(ClosedOnExit):
     """A zip or tar archive whose files are read by name, without extracting it."""
 
     def __init__(self, path: str):
@@ -152,14 +162,8 @@ class Archive:
     def close(self) -> None:
         (self._zip or self._tar).close()
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-
-class Archives:
+class Archives(ClosedOnExit):
     """Several archives read as one (COCO's images and annotations come in two): the union of their
     files, each read from the archive that holds it."""
 
@@ -185,12 +189,6 @@ class Archives:
     def close(self) -> None:
         for archive in self._archives:
             archive.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def find_root(archive: Archive, pattern: str, layout: str) -> str:
