@@ -126,6 +126,16 @@ def test_a_missing_library_is_named_with_the_fix(monkeypatch):
     with pytest.raises(RuntimeError, match='ONNXRUNTIME_INCLUDE_DIR'):
         deploy_ort.session_options()
     assert deploy_ort.session_options(ops_library=False) is not None
+    assert deploy_ort.session_options(ops_library=None) is not None  # where built: here, not
+
+
+def test_options_with_the_library_where_built_run_the_custom_node(tmp_path):
+    export(tmp_path / 'k.onnx')
+    q, k = np.random.randn(2, 3, 40, 12).astype(np.float32), np.random.randn(2, 3, 16, 12).astype(np.float32)
+    where_built = ort.InferenceSession(str(tmp_path / 'k.onnx'), deploy_ort.session_options(2, ops_library=None),
+                                       providers=['CPUExecutionProvider'])
+    np.testing.assert_allclose(where_built.run(None, {'q': q, 'k': k})[0],
+                               session(tmp_path / 'k.onnx').run(None, {'q': q, 'k': k})[0])
 
 
 def test_the_deploy_config_key_is_checked():

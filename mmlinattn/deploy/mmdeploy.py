@@ -29,7 +29,7 @@ import torch
 
 from ..ops.dispatch import forced
 from ..ops.laplacian_kernel.onnx import export_as_custom_node
-from .onnxruntime import ops_library_path, session_options
+from .onnxruntime import session_options
 
 EXPORT_KEY = 'mmlinattn_export'
 LAPLACIAN_FORMS = ('custom_op', 'standard_ops')
@@ -102,7 +102,7 @@ class _OnnxruntimeWithOurOps(types.ModuleType):
         return getattr(self._onnxruntime, name)
 
     def SessionOptions(self):  # noqa: N802 (onnxruntime's name)
-        return session_options(self._threads, ops_library=ops_library_path() is not None)
+        return session_options(self._threads, ops_library=None)
 
 
 @contextlib.contextmanager

@@ -29,12 +29,14 @@ def require_ops_library() -> str:
     return path
 
 
-def session_options(threads: Optional[int] = None, ops_library: bool = True):
-    """``onnxruntime.SessionOptions`` with the op library registered (where ``ops_library``) and
-    ``threads`` intra-op threads (``None``: onnxruntime's default)."""
+def session_options(threads: Optional[int] = None, ops_library: Optional[bool] = True):
+    """``onnxruntime.SessionOptions`` with ``threads`` intra-op threads (``None``: onnxruntime's
+    default) and the op library: registered (``True``; a ``RuntimeError`` where it is not built),
+    registered where it is built (``None``: sessions of graphs that may not need it) or not
+    (``False``)."""
     import onnxruntime
     options = onnxruntime.SessionOptions()
-    if ops_library:
+    if ops_library or (ops_library is None and ops_library_path() is not None):
         options.register_custom_ops_library(require_ops_library())
     if threads is not None:
         options.intra_op_num_threads = threads

@@ -147,8 +147,8 @@ def onnxruntime_op_times(onnx_file: str, feed: dict, threads: int, runs: int, wo
     events in ``runs`` runs, after a warm-up run left out of the sum."""
     import onnxruntime
 
-    from mmlinattn.deploy.onnxruntime import ops_library_path, session_options
-    options = session_options(threads, ops_library=ops_library_path() is not None)
+    from mmlinattn.deploy.onnxruntime import session_options
+    options = session_options(threads, ops_library=None)
     options.enable_profiling = True
     options.profile_file_prefix = osp.join(work_dir, 'onnxruntime_profile')
     session = onnxruntime.InferenceSession(onnx_file, options, providers=['CPUExecutionProvider'])
@@ -157,11 +157,12 @@ def onnxruntime_op_times(onnx_file: str, feed: dict, threads: int, runs: int, wo
     with open(session.end_profiling()) as f:
         events = json.load(f)
     warm_up = min((e for e in events if e.get('name') == 'model_run'), key=lambda e: e['ts'])
+    timed_from = warm_up['ts'] + warm_up['dur']
     times: Dict[str, float] = {}
     for event in events:
-        if event.get('cat') == 'Node' and event['ts'] >= warm_up['ts'] + warm_up['dur'] and 'op_name' in event.get(
-                'args', {}):
-            times[event['args']['op_name']] = times.get(event['args']['op_name'], 0.0) + event['dur'] / 1e3 / runs
+        op_type = event.get('args', {}).get('op_name')
+        if event.get('cat') == 'Node' and op_type and event['ts'] >= timed_from:
+            times[op_type] = times.get(op_type, 0.0) + event['dur'] / 1e3 / runs
     return dict(sorted(times.items(), key=lambda item: -item[1]))
 
 
@@ -176,7 +177,7 @@ def measure(task: str, label: str, threads: int, repeats: int, work_dir: str,
     from mmdeploy.utils import load_config
 
     from deploy import export
-    from mmlinattn.deploy.onnxruntime import ops_library_path, session_options
+    from mmlinattn.deploy.onnxruntime import session_options
     deploy_task, image_set, models = TASKS[task]
     spec, edits = models[label]
     cfg = model_config(spec, edits)
@@ -196,7 +197,7 @@ def measure(task: str, label: str, threads: int, repeats: int, work_dir: str,
     torch.save({'state_dict': model.state_dict(), 'meta': {}}, checkpoint)
     batches = [processor.create_input(image, None, data_preprocessor=model.data_preprocessor) for image in images]
     rows = [dict(task=task, model=label, input=f'{inputs.shape[2]}x{inputs.shape[3]}') for _, inputs in batches]
-    options = session_options(threads, ops_library=ops_library_path() is not None)
+    options = session_options(threads, ops_library=None)
     for form, deploy_cfg in deploy_cfgs.items():
         traced = images if label in TRACED_SIZE_ONLY else images[:1]
         onnx_files = {image: export(deploy_cfg, cfg, checkpoint, image, osp.join(work_dir, form, str(index)))
