@@ -47,8 +47,8 @@ def _dataset_paths(dataset):
 
 @pytest.mark.parametrize('path', REAL_CONFIGS, ids=_id)
 def test_real_set_config_builds_with_the_task_heads_and_channels(path):
-    """Registry build (no weights: every start is random), class count, and one backbone forward
-    at a small odd size whose channels are those of the neck (or the classifier head)."""
+    """Registry build (no weights: every start is random), class count, the fused AdamW, and one
+    backbone forward at a small odd size whose channels are those of the neck (or the classifier head)."""
     import importlib
 
     from mmengine.registry import init_default_scope
@@ -74,6 +74,10 @@ def test_real_set_config_builds_with_the_task_heads_and_channels(path):
         assert model.decode_head.num_classes == NUM_CLASSES[name]
     else:
         assert model.head.num_classes == NUM_CLASSES[name]
+    from mmengine.optim import build_optim_wrapper
+    optimizer = build_optim_wrapper(model, cfg.optim_wrapper).optimizer
+    assert type(optimizer).__name__ == 'AdamW' and optimizer.defaults['fused'], \
+        'a CPU recipe steps AdamW fused (docs/tools.md)'
     size = (40, 36) if cfg.default_scope == 'mmpretrain' else (100, 92)
     with torch.no_grad():
         outputs = model.backbone(torch.randn(1, 3, *size))

@@ -27,6 +27,7 @@ val_dataloader = dict(
 test_dataloader = val_dataloader
 val_evaluator = dict(type='Accuracy', topk=(1, ))
 test_evaluator = val_evaluator
+optim_wrapper = dict(optimizer=dict(fused=True))  # as mask_rcnn_balloon_cpu.py
 max_iters = 300
 train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
 param_scheduler = [

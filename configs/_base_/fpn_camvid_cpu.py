@@ -42,7 +42,7 @@ val_dataloader = dict(
 test_dataloader = val_dataloader
 max_iters = 120
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
-optim_wrapper = dict(optimizer=dict(lr=5e-4))
+optim_wrapper = dict(optimizer=dict(lr=5e-4, fused=True))  # as mask_rcnn_balloon_cpu.py
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=30),
     dict(type='PolyLR', eta_min=0.0, power=1.0, begin=30, end=max_iters, by_epoch=False),

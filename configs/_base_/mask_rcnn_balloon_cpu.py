@@ -38,7 +38,9 @@ val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json', metr
 test_evaluator = val_evaluator
 max_epochs = 6
 train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
-optim_wrapper = dict(optimizer=dict(lr=5e-4), clip_grad=dict(max_norm=10.0))
+# fused AdamW: one pass over every parameter instead of torch's per-tensor loop on the CPU (10x faster
+# there; torch >= 2.4), where a small model's optimizer step is a large part of its iteration
+optim_wrapper = dict(optimizer=dict(lr=5e-4, fused=True), clip_grad=dict(max_norm=10.0))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
     dict(type='CosineAnnealingLR', eta_min=1e-6, by_epoch=True, begin=0, end=max_epochs,

@@ -23,7 +23,7 @@ train_dataloader = dict(batch_size=32, num_workers=1, persistent_workers=True,
 val_dataloader = dict(batch_size=100, num_workers=1, persistent_workers=True,
                       dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
-optim_wrapper = dict(optimizer=dict(lr=5e-4))
+optim_wrapper = dict(optimizer=dict(lr=5e-4, fused=True))  # as ../_base_/mask_rcnn_balloon_cpu.py
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=20),
     # no `end`: the Runner ends it at train_cfg.max_epochs

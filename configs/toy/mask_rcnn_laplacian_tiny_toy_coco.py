@@ -15,7 +15,7 @@ model = dict(
 train_dataloader = dict(batch_size=2, num_workers=1)
 val_dataloader = dict(num_workers=1)
 test_dataloader = val_dataloader
-optim_wrapper = dict(optimizer=dict(lr=1e-3), clip_grad=dict(max_norm=10.0))
+optim_wrapper = dict(optimizer=dict(lr=1e-3, fused=True), clip_grad=dict(max_norm=10.0))  # as ../_base_/mask_rcnn_balloon_cpu.py
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
     # no `end`: the Runner ends it at train_cfg.max_epochs
