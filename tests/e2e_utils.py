@@ -87,10 +87,15 @@ def run_checked(args, cwd, env, timeout=1800) -> str:
     return proc.stdout
 
 
+# torch's (and onnxruntime's) threads for the tools the tests run: the test run's (one per pytest-xdist
+# worker under tools/dev/run_tests.sh), else 2
+TOOL_THREADS = os.environ.get('OMP_NUM_THREADS', '2')
+
+
 def run(args, timeout=1800, expect_ok=True, env=None, interpreter=(sys.executable, )):
     """Run ``python *args`` (or ``interpreter *args``) in the repo root; return the completed process
     (stdout+stderr in .output)."""
-    full_env = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', '2'))
+    full_env = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS=TOOL_THREADS)
     full_env.update(env or {})
     proc = subprocess.run([*interpreter, *map(str, args)], cwd=ROOT, env=full_env, timeout=timeout,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

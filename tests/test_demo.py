@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from e2e_utils import ROOT
+from e2e_utils import ROOT, TOOL_THREADS
 
 BUILD_PROGRESS = osp.join(ROOT, 'tools', 'dev', 'build_progress.sh')
 
@@ -131,7 +131,7 @@ def demo_run(tmp_path_factory):
         shutil.copytree(osp.join(ROOT, folder), checkout / folder)
     work_dir = str(tmp_path_factory.mktemp('demo'))
     env = dict(os.environ, PY=sys.executable, WORK_DIR=work_dir, PYTHONUNBUFFERED='1',
-               OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', '2'), **DEMO_OPTIONS, **OFFLINE)
+               OMP_NUM_THREADS=TOOL_THREADS, **DEMO_OPTIONS, **OFFLINE)
     env.pop('DEMO_DATA', None)
     proc = subprocess.run(['bash', str(checkout / 'tools' / 'dev' / 'run_demo.sh')], cwd=checkout, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)

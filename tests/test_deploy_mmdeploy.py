@@ -14,10 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from e2e_utils import ROOT, SHARED_ARCHIVES, run_checked, shared_archive
-
-# torch's and onnxruntime's threads in the tools: the test run's (one per pytest-xdist worker), else 2
-THREADS = os.environ.get('OMP_NUM_THREADS', '2')
+from e2e_utils import ROOT, SHARED_ARCHIVES, TOOL_THREADS, run_checked, shared_archive
 
 pytestmark = pytest.mark.slow
 pytest.importorskip('mmdeploy')
@@ -48,7 +45,7 @@ CLASSIFIER_AND_SEGMENTOR = {
 
 def tool(name, *args, cwd):
     return run_checked([sys.executable, os.path.join(ROOT, 'tools', name), *args], cwd=cwd,
-                       env=dict(os.environ, OMP_NUM_THREADS=THREADS))
+                       env=dict(os.environ, OMP_NUM_THREADS=TOOL_THREADS))
 
 
 def train(user, set_name, model_cfg, options, max_size=None):
@@ -77,7 +74,7 @@ def deploy_and_evaluate(deploy_cfg, model_cfg, checkpoint, images, user, work):
     for backend in ('pytorch', 'onnxruntime'):  # one picture per test image (mmseg's visualiser adds _0.png)
         assert len(list(work.glob(f'output_{backend}_[01]*'))) == 2, sorted(os.listdir(work))
     tool('deploy_test.py', deploy_cfg, model_cfg, '--model', str(work / 'end2end.onnx'),
-         '--threads', THREADS, '--work-dir', str(work / 'ort_test'), '--out-json', str(work / 'ort.json'),
+         '--threads', TOOL_THREADS, '--work-dir', str(work / 'ort_test'), '--out-json', str(work / 'ort.json'),
          cwd=user)
     tool('test.py', model_cfg, checkpoint, '--work-dir', str(work / 'pt_test'), '--out-json',
          str(work / 'pt.json'), cwd=user)
@@ -103,7 +100,7 @@ def rewritten_and_onnxruntime_outputs(deploy_cfg, model_cfg, onnx_file, checkpoi
     with safe_checkpoint_loading():
         torch_model = processor.build_pytorch_model(checkpoint)
     patched = patch_model(torch_model, cfg=deploy, backend='onnxruntime', ir=IR.ONNX)
-    session = onnxruntime.InferenceSession(onnx_file, session_options(threads=int(THREADS)),
+    session = onnxruntime.InferenceSession(onnx_file, session_options(threads=int(TOOL_THREADS)),
                                            providers=['CPUExecutionProvider'])
     pairs = []
     for image in images:

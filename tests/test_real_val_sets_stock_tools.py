@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from e2e_utils import ROOT, SHARED_ARCHIVES, shared_archive
+from e2e_utils import ROOT, SHARED_ARCHIVES, TOOL_THREADS, shared_archive
 from test_stock_tools import stock_tool
 
 pytestmark = pytest.mark.slow
@@ -52,7 +52,7 @@ def test_stock_test_py_evaluates_the_main_config_on_a_real_val_set(tmp_path, nam
     random_checkpoint(config, checkpoint)
     proc = subprocess.run([sys.executable, stock_tool(library, 'test.py'), config, str(checkpoint),
                            '--work-dir', 'work', '--cfg-options', *options], cwd=tmp_path,
-                          env=dict(os.environ, OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', '2')),
+                          env=dict(os.environ, OMP_NUM_THREADS=TOOL_THREADS),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-6000:]
     assert f'Loads checkpoint by mmlinattn backend from path: {checkpoint}' in proc.stdout

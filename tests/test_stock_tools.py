@@ -11,7 +11,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from e2e_utils import SMALL_MASK_RCNN, toy_config
+from e2e_utils import SMALL_MASK_RCNN, TOOL_THREADS, toy_config
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,7 @@ def write_user_config(tmp_path, name, train_cfg, model_edits, **toy_args):
 
 def run_stock(library, tool, *args, cwd, site, expect_ok=True):
     env = dict(os.environ, PYTHONPATH=str(site), PYTHONUNBUFFERED='1',
-               OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', '2'))
+               OMP_NUM_THREADS=TOOL_THREADS)
     proc = subprocess.run([sys.executable, stock_tool(library, tool), *map(str, args)], cwd=cwd, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
     proc.output = proc.stdout
