@@ -32,7 +32,10 @@ class LaplacianFormerStage(nn.Module):
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
         x = self.patch_embed(x)
         hw_shape = (x.shape[2], x.shape[3])
-        x = x.flatten(2).transpose(1, 2)
+        # A view of the channels-last map. Not flatten(2).transpose(1, 2): its backward gives the
+        # map a gradient whose batch stride is C, which at batch 1 sends BatchNorm's CPU backward
+        # to a path 15x slower than for the map's own strides.
+        x = x.permute(0, 2, 3, 1).flatten(1, 2)
         x = self.pos_drop(x + resize_pos_embed(self.pos_embed, self.pos_grid, hw_shape).to(x.dtype))
         for block in self.blocks:
             x = block(x, hw_shape)
@@ -200,13 +203,19 @@ class LaplacianFormer(StagedBackbone):
         # [B, C, H, W] with channels-last strides): every conv then returns channels-last maps,
         # whose tokens are contiguous, so the residual stream, the norms and the projections, and
         # their gradients, read dense rows (an NCHW map's tokens are a transposed view that every
-        # add and norm of the stage would copy or stride through).
+        # add and norm of the stage would copy or stride through). The outputs are channels-last
+        # views of the normed tokens too: the necks' convs take them as they are, where an NCHW
+        # copy would cost a transposing copy forward and another backward.
         x = x.contiguous(memory_format=torch.channels_last)
         outs = []
         for i, stage in enumerate(self.stages):
             tokens, (height, width) = stage(x)
             if i in self.out_indices:
-                out = getattr(self, f'norm{i}')(tokens)
-                outs.append(out.transpose(1, 2).reshape(x.shape[0], -1, height, width).contiguous())
-            x = tokens.reshape(x.shape[0], height, width, -1).permute(0, 3, 1, 2)  # channels-last
+                outs.append(tokens_as_map(getattr(self, f'norm{i}')(tokens), height, width))
+            x = tokens_as_map(tokens, height, width)
         return tuple(outs)
+
+
+def tokens_as_map(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """tokens [B, H*W, C] -> [B, C, H, W], a channels-last view (no copy)."""
+    return tokens.reshape(tokens.shape[0], height, width, -1).permute(0, 3, 1, 2)

@@ -6,12 +6,11 @@ the choices and the parameter count against the paper's 6.1M).
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 from mmengine.model.weight_init import trunc_normal_
 from torch import nn
 
 from mmlinattn.registry import MODELS
-from ..layers import PolarityAttention, PreNormBlock, pad_to_multiple, resize_pos_embed
+from ..layers import PolarityAttention, PreNormBlock, pad_if_needed, pad_to_multiple, resize_pos_embed
 from .attn_cfg import check_attn_cfg
 from .base import StagedBackbone
 
@@ -121,7 +120,7 @@ class PolaDeiT(StagedBackbone):
         """x: [B, C_in, H, W] -> ([B, C, ceil(H/16), ceil(W/16)],)."""
         p = self.patch_size
         padding = (0, pad_to_multiple(x.shape[-1], p), 0, pad_to_multiple(x.shape[-2], p))
-        x = self.patch_embed(F.pad(x, padding))
+        x = self.patch_embed(pad_if_needed(x, padding))
         batch, _, height, width = x.shape
         tokens = x.flatten(2).transpose(1, 2)
         pos = resize_pos_embed(self.pos_embed, self.pos_grid, (height, width))

@@ -28,7 +28,7 @@ from torch import nn
 
 from mmlinattn.ops import compute_dtype, depthwise_conv2d, laplacian_kernel, newton_schulz_inverse
 from mmlinattn.ops.torch_compat import is_exporting
-from .padding import pad_to_multiple
+from .padding import pad_if_needed, pad_to_multiple
 from .patch_embed import patch_linear
 from .token_input import check_token_input
 
@@ -363,7 +363,7 @@ class LaplacianAttention(nn.Module):
         height, width = hw_shape
         s = self.landmark_ratio
         grid = q.reshape(batch * heads, height, width, head_dims)
-        grid = F.pad(grid, (0, 0, 0, pad_to_multiple(width, s), 0, pad_to_multiple(height, s)))
+        grid = pad_if_needed(grid, (0, 0, 0, pad_to_multiple(width, s), 0, pad_to_multiple(height, s)))
         # [B*h, d, ceil(H/s), ceil(W/s)], a channels-last view of the conv's GEMM
         pooled = patch_linear(grid, self.landmark_conv).permute(0, 3, 1, 2)
         if self.max_landmark_grid is not None and torch.onnx.is_in_onnx_export():

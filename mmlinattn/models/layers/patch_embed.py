@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .padding import pad_to_multiple
+from .padding import pad_if_needed, pad_to_multiple
 
 
 def patch_linear(grid: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
@@ -45,7 +45,7 @@ class PatchEmbed(nn.Module):
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
         p = self.patch_size
         padding = (0, pad_to_multiple(x.shape[-1], p), 0, pad_to_multiple(x.shape[-2], p))
-        tokens = patch_linear(F.pad(x, padding).permute(0, 2, 3, 1), self.proj)  # [B, H', W', C]
+        tokens = patch_linear(pad_if_needed(x, padding).permute(0, 2, 3, 1), self.proj)  # [B, H', W', C]
         hw_shape = (tokens.shape[1], tokens.shape[2])
         return self.norm(tokens.flatten(1, 2)), hw_shape
 
@@ -67,7 +67,7 @@ class PatchMerging(nn.Module):
         batch, _, channels = x.shape
         height, width = hw_shape
         padding = (0, 0, 0, pad_to_multiple(width, 2), 0, pad_to_multiple(height, 2))
-        grid = F.pad(x.reshape(batch, height, width, channels), padding)
+        grid = pad_if_needed(x.reshape(batch, height, width, channels), padding)
         grid = torch.cat([grid[:, 0::2, 0::2], grid[:, 1::2, 0::2], grid[:, 0::2, 1::2],
                           grid[:, 1::2, 1::2]], dim=-1)
         out_hw = (grid.shape[1], grid.shape[2])

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .padding import pad_to_multiple
+from .padding import pad_if_needed, pad_to_multiple
 from .token_input import check_token_input
 
 MASK_VALUE = -100.0
@@ -129,7 +129,7 @@ class ShiftedWindowAttention(nn.Module):
         height, width = hw_shape
         w = self.window_size
         padding = (0, 0, 0, pad_to_multiple(width, w), 0, pad_to_multiple(height, w))
-        grid = F.pad(x.reshape(batch, height, width, channels), padding)
+        grid = pad_if_needed(x.reshape(batch, height, width, channels), padding)
         padded_h, padded_w = grid.shape[1:3]
         shift = self.shift_size if (padded_h > w or padded_w > w) else 0
         mask = None
