@@ -34,6 +34,8 @@ def test_output_shapes_and_strides(tiny_eval, batch, size):
     outs = tiny_eval(torch.randn(batch, 3, *size))
     assert [tuple(o.shape) for o in outs] == expected_shapes(batch, *size)
     assert all(torch.isfinite(o).all() for o in outs)
+    # contiguous NCHW: mmcv's CPU RoIAlign reads a channels-last map as if it were NCHW
+    assert all(o.is_contiguous() for o in outs)
 
 
 @pytest.mark.parametrize('size', [(512, 512), pytest.param((800, 1333), marks=pytest.mark.slow)])
@@ -150,6 +152,25 @@ def test_blocks_and_their_gradients_see_dense_tokens(tiny_eval, batch):
         hook.remove()
     assert seen == [True] * sum(model.depths)
     assert grads == [True] * model.num_stages
+
+
+def test_stage_batchnorms_get_gradients_with_their_outputs_strides():
+    """At batch 1 a gradient whose batch stride differs from the map's (what
+    ``map.flatten(2).transpose(1, 2)`` hands back) sends BatchNorm's CPU backward to a path ~15x
+    slower; the stage tokens are a view whose backward keeps the map's strides."""
+    model = tiny(drop_path_rate=0.0).train()
+    pairs = []
+
+    def keep_strides(module, args, out):
+        out.register_hook(lambda grad: pairs.append((out.stride(), grad.stride())))
+
+    for stage in model.stages[1:]:
+        stage.patch_embed.bn.register_forward_hook(keep_strides)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        outs = model(torch.randn(1, 3, 96, 128))
+    sum(out.float().mean() for out in outs).backward()
+    assert len(pairs) == model.num_stages - 1
+    assert all(out_strides == grad_strides for out_strides, grad_strides in pairs), pairs
 
 
 @pytest.mark.skipif(not has_kernel('laplacian_kernel', 'cpu'),

@@ -52,6 +52,8 @@ def test_outputs_at_strides_4_to_32(backbone_type, size, shallow):
         outs = backbone(torch.randn(1, 3, *size))
     assert [tuple(o.shape) for o in outs] == _expected_shapes(backbone, *size)
     assert all(torch.isfinite(o).all() for o in outs)
+    # contiguous NCHW: mmcv's CPU RoIAlign reads a channels-last map as if it were NCHW
+    assert all(o.is_contiguous() for o in outs)
 
 
 def test_out_indices_select_outputs():

@@ -203,15 +203,17 @@ class LaplacianFormer(StagedBackbone):
         # [B, C, H, W] with channels-last strides): every conv then returns channels-last maps,
         # whose tokens are contiguous, so the residual stream, the norms and the projections, and
         # their gradients, read dense rows (an NCHW map's tokens are a transposed view that every
-        # add and norm of the stage would copy or stride through). The outputs are channels-last
-        # views of the normed tokens too: the necks' convs take them as they are, where an NCHW
-        # copy would cost a transposing copy forward and another backward.
+        # add and norm of the stage would copy or stride through). The outputs are contiguous
+        # NCHW, as mmdet's backbones return them: mmcv's CPU RoIAlign reads its input as NCHW
+        # whatever its strides, so channels-last maps reaching it through the neck (whose convs
+        # keep the layout) would give wrong RoI features.
         x = x.contiguous(memory_format=torch.channels_last)
         outs = []
         for i, stage in enumerate(self.stages):
             tokens, (height, width) = stage(x)
             if i in self.out_indices:
-                outs.append(tokens_as_map(getattr(self, f'norm{i}')(tokens), height, width))
+                out = tokens_as_map(getattr(self, f'norm{i}')(tokens), height, width)
+                outs.append(out.contiguous())
             x = tokens_as_map(tokens, height, width)
         return tuple(outs)
 
