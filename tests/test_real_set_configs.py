@@ -61,7 +61,8 @@ def test_real_set_config_builds_with_the_task_heads_and_channels(path):
         assert dataset.data_root.rstrip('/') == f'data/{name}', (loader, dataset.data_root)
         assert _dataset_paths(dataset) <= LAYOUT[name], (loader, _dataset_paths(dataset))
     init_default_scope(cfg.default_scope)
-    importlib.import_module('mmlinattn')
+    for module in cfg.custom_imports['imports']:  # as the Runner does
+        importlib.import_module(module)
     registry = importlib.import_module(f'{cfg.default_scope}.registry')
     torch.manual_seed(0)
     model = registry.MODELS.build(cfg.model)
@@ -70,6 +71,10 @@ def test_real_set_config_builds_with_the_task_heads_and_channels(path):
     if cfg.default_scope == 'mmdet':
         heads = (model.roi_head.bbox_head, model.roi_head.mask_head)
         assert [head.num_classes for head in heads] == [NUM_CLASSES[name]] * 2
+        extractors = (model.roi_head.bbox_roi_extractor, model.roi_head.mask_roi_extractor)
+        assert {type(layer).__qualname__ for e in extractors for layer in e.roi_layers} == {'RoIAlign'}
+        assert {type(layer).__module__ for e in extractors for layer in e.roi_layers} == {
+            'mmlinattn.models.roi_extractors'}, 'a CPU recipe runs the plugin\'s RoIAlign'
     elif cfg.default_scope == 'mmseg':
         assert model.decode_head.num_classes == NUM_CLASSES[name]
     else:

@@ -2,14 +2,19 @@
 # -> data/balloon: 61 train / 13 val photos, one class) on a CPU: the project's Mask R-CNN recipe
 # (mask_rcnn_adamw_1x_coco.py: FPN, AdamW, wd 0.05) with one-class heads, 256 px inputs, batch 2,
 # lr 5e-4 (gradient norm clipped at 10) with a 50-iteration warm-up and cosine decay, 64 sampled RoIs
-# per image, 600/300 RPN proposals in training and 100 at test time. Leaf configs replace
-# `model.backbone` (the default is mmdet's ResNet-50) and set `model.neck.in_channels`.
+# per image, 600/300 RPN proposals in training and 100 at test time, and the plugin's CPU RoIAlign. Leaf
+# configs replace `model.backbone` (the default is mmdet's ResNet-50) and set `model.neck.in_channels`.
 _base_ = ['./mask_rcnn_adamw_1x_coco.py']
+# mmcv's CPU RoIAlign runs on one thread and in fp32 only (a third of a bf16 training step here); the
+# plugin's runs on every core and reads bf16. Its module needs mmdet, so `import mmlinattn` leaves it out.
+custom_imports = dict(imports=['mmlinattn', 'mmlinattn.models.roi_extractors'], allow_failed_imports=False)
+cpu_roi_extractor = dict(type='mmlinattn.SingleRoIExtractor', roi_layer=dict(type='mmlinattn.RoIAlign'))
 data_root = 'data/balloon/'
 metainfo = dict(classes=('balloon', ), palette=[(220, 20, 60)])
 image_scale = (256, 256)
 model = dict(
-    roi_head=dict(bbox_head=dict(num_classes=1), mask_head=dict(num_classes=1)),
+    roi_head=dict(bbox_roi_extractor=cpu_roi_extractor, mask_roi_extractor=cpu_roi_extractor,
+                  bbox_head=dict(num_classes=1), mask_head=dict(num_classes=1)),
     train_cfg=dict(rpn_proposal=dict(nms_pre=600, max_per_img=300), rcnn=dict(sampler=dict(num=64))),
     test_cfg=dict(rpn=dict(nms_pre=500, max_per_img=100)))
 train_pipeline = [

@@ -8,8 +8,9 @@ from .laplacian_kernel import laplacian_kernel
 from .newton_schulz import newton_schulz_inverse
 from .polarity_attention import polarity_linear_attention
 from .polarity_attention.reference import polarity_features
+from .roi_align import roi_align
 from .validation import compute_dtype
 
 __all__ = ['FallbackWarning', 'check_finite_input', 'compute_dtype', 'depthwise_conv2d',
            'extension_status', 'laplacian_kernel', 'newton_schulz_inverse', 'polarity_features',
-           'polarity_linear_attention', 'set_finite_checks']
+           'polarity_linear_attention', 'roi_align', 'set_finite_checks']

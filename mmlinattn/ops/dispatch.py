@@ -49,6 +49,7 @@ PACKAGES = {
     'newton_schulz_inverse': 'newton_schulz',
     'polarity_linear_attention': 'polarity_attention',
     'depthwise_conv2d': 'depthwise_conv',
+    'roi_align': 'roi_align',
 }
 # op -> device type -> the dtypes its compiled (C++) kernel takes.
 KERNEL_DTYPES: Dict[str, Dict[str, Tuple[torch.dtype, ...]]] = {
@@ -60,6 +61,8 @@ KERNEL_DTYPES: Dict[str, Dict[str, Tuple[torch.dtype, ...]]] = {
                                   'cuda': _HALF_AND_FP32},
     # CPU only: on CUDA, cuDNN's depthwise convolution and its gradients (the reference) are fast.
     'depthwise_conv2d': {'cpu': (torch.float32, torch.float64, torch.bfloat16)},
+    # CPU only: on CUDA, mmcv's RoIAlign kernel is the one to run (mmlinattn.models.roi_extractors).
+    'roi_align': {'cpu': (torch.float32, torch.float64, torch.bfloat16)},
 }
 # op -> the C++ extension's forward operator, whose per-device kernels are looked up.
 FORWARD_OPERATORS = {
@@ -67,6 +70,7 @@ FORWARD_OPERATORS = {
     'newton_schulz_inverse': 'newton_schulz_inverse',
     'polarity_linear_attention': 'polarity_linear_attention_forward',
     'depthwise_conv2d': 'depthwise_conv2d_forward',
+    'roi_align': 'roi_align_forward',
 }
 
 
@@ -108,6 +112,8 @@ CUDA_DEFAULT = {
     'polarity_linear_attention': 'triton',
     # No kernel of ours on CUDA: cuDNN's depthwise convolution and its gradients are fast there.
     'depthwise_conv2d': 'reference',
+    # No kernel of ours on CUDA: mmcv's RoIAlign is fast there.
+    'roi_align': 'reference',
 }
 
 IMPLEMENTATION_NAMES = {'compiled': 'compiled kernel', 'triton': 'Triton kernel',
