@@ -20,6 +20,7 @@ from ..registry import MODELS
 __all__ = ['RoIAlign', 'SingleRoIExtractor']
 
 
+@MODELS.register_module()
 class RoIAlign(mmcv_ops.RoIAlign):
     """``mmcv.ops.RoIAlign`` (same arguments) whose CPU forward and backward are
     :func:`mmlinattn.ops.roi_align` for ``pool_mode='avg'``."""
@@ -32,16 +33,19 @@ class RoIAlign(mmcv_ops.RoIAlign):
                          self.aligned)
 
 
-# roi_layer types this extractor builds besides mmcv.ops' names
-ROI_LAYERS = {'mmlinattn.RoIAlign': RoIAlign}
-
 
 @MODELS.register_module()
 class SingleRoIExtractor(MMDetSingleRoIExtractor):
-    """mmdet's ``SingleRoIExtractor`` whose ``roi_layer`` may also be
-    ``dict(type='mmlinattn.RoIAlign', ...)`` (the arguments of ``mmcv.ops.RoIAlign``)."""
+    """mmdet's ``SingleRoIExtractor`` whose ``roi_layer`` may also be a layer of this plugin,
+    ``dict(type='mmlinattn.RoIAlign', ...)`` (the arguments of ``mmcv.ops.RoIAlign``); other
+    types are ``mmcv.ops`` names, as in mmdet."""
 
     def build_roi_layers(self, layer_cfg, featmap_strides) -> torch.nn.ModuleList:
         cfg = dict(layer_cfg)
-        cfg['type'] = ROI_LAYERS.get(cfg['type'], cfg['type'])
+        layer_type = cfg['type']
+        if isinstance(layer_type, str) and layer_type.startswith('mmlinattn.'):
+            layer_cls = MODELS.get(layer_type.split('.', 1)[1])
+            if layer_cls is None:
+                raise KeyError(f'roi_layer type {layer_type!r} is not registered by mmlinattn')
+            cfg['type'] = layer_cls
         return super().build_roi_layers(cfg, featmap_strides)
