@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from mmlinattn.ops import depthwise_conv2d
 from mmlinattn.ops.depthwise_conv.reference import depthwise_conv2d_reference
+from thread_counts import assert_equal_at_thread_counts
 
 # dtype -> (rtol, atol) of the compiled op against the reference computed in fp64, relative to
 # the largest reference entry: bf16 rounds its inputs and outputs (8 bits), the sums run in fp32.
@@ -80,19 +81,14 @@ def test_only_the_requested_gradients_are_computed(compiled_ops):
                 assert got.numel() == 0
 
 
-def test_weight_gradient_does_not_depend_on_the_thread_count(compiled_ops):
+def weight_gradient_case():
+    """The weight and bias gradients of one fixed case (run at several thread counts)."""
     x, weight, b, grad = _inputs((3, 48, 40, 23, 9), torch.float32, True)
-    threads = torch.get_num_threads()
-    try:
-        results = []
-        for count in (1, 2, 3):
-            torch.set_num_threads(count)
-            results.append(compiled_ops.depthwise_conv2d_backward(grad, x, weight, False, True,
-                                                                   True))
-    finally:
-        torch.set_num_threads(threads)
-    for dw, db in (r[1:] for r in results[1:]):
-        assert torch.equal(dw, results[0][1]) and torch.equal(db, results[0][2])
+    return torch.ops.mmlinattn.depthwise_conv2d_backward(grad, x, weight, False, True, True)[1:]
+
+
+def test_weight_gradient_does_not_depend_on_the_thread_count(compiled_ops):
+    assert_equal_at_thread_counts('test_ops_depthwise_conv', 'weight_gradient_case')
 
 
 def test_autocast_runs_it_in_the_autocast_dtype(compiled_ops):

@@ -10,6 +10,7 @@ import torch
 
 from mmlinattn.ops import roi_align
 from mmlinattn.ops.roi_align.reference import roi_align_reference
+from thread_counts import assert_equal_at_thread_counts
 
 # dtype -> absolute tolerance relative to the largest reference entry: bf16 rounds the map and the
 # output (8 bits), the sums run in fp32.
@@ -90,18 +91,14 @@ def test_reference_equals_mmcv(sampling_ratio, aligned):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 
-def test_gradient_does_not_depend_on_the_thread_count(compiled_ops):
+def thread_count_case():
+    """The output and the input gradient of one fixed case (run at several thread counts)."""
     x, rois, grad = _inputs((2, 96, 16, 16, (7, 7), 0.25), torch.float32, False, num_rois=40)
-    threads = torch.get_num_threads()
-    results = []
-    try:
-        for n in (1, 2, 3):
-            torch.set_num_threads(n)
-            results.append(_forward_backward(roi_align, x, rois, grad, 7, 0.25, 0, True))
-    finally:
-        torch.set_num_threads(threads)
-    for out, dx in results[1:]:
-        assert torch.equal(out, results[0][0]) and torch.equal(dx, results[0][1])
+    return _forward_backward(roi_align, x, rois, grad, 7, 0.25, 0, True)
+
+
+def test_output_and_gradient_do_not_depend_on_the_thread_count(compiled_ops):
+    assert_equal_at_thread_counts('test_ops_roi_align', 'thread_count_case')
 
 
 def test_no_rois_give_an_empty_output_and_a_zero_gradient(compiled_ops):

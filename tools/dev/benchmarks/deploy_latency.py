@@ -280,12 +280,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads)
     tasks = args.tasks or list(TASKS)
     unknown = set(args.models or ()) - {label for t in tasks for label in TASKS[t][2]}
     if unknown:
         print(f'--models: no row named {sorted(unknown)} in {tasks}', file=sys.stderr)
         return 2
+    # only once the arguments hold: it changes the process (and breaks MKL's batched LU after it)
+    torch.set_num_threads(args.threads)
     meta = dict(environment(), threads=args.threads, repeats=args.repeats, load_average=os.getloadavg())
     print('# deploy benchmark: ' + ', '.join(f'{k}={v}' for k, v in meta.items()))
     rows, failed = [], []
