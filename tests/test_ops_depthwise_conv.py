@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from mmlinattn.ops import depthwise_conv2d
 from mmlinattn.ops.depthwise_conv.reference import depthwise_conv2d_reference
+from op_asserts import assert_close_to_scale
 from thread_counts import assert_equal_at_thread_counts
 
 # dtype -> (rtol, atol) of the compiled op against the reference computed in fp64, relative to
@@ -39,11 +40,6 @@ def _forward_backward(function, x, weight, bias, grad):
     return (out, ) + torch.autograd.grad(out, leaves, grad)
 
 
-def _close(actual, expected, dtype):
-    scale = expected.abs().max().item() or 1.0
-    torch.testing.assert_close(actual.double(), expected, rtol=0, atol=TOLERANCES[dtype] * scale)
-
-
 @pytest.mark.parametrize('shape', SHAPES)
 @pytest.mark.parametrize('dtype', [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize('channels_last', [False, True])
@@ -57,7 +53,7 @@ def test_compiled_equals_reference_forward_and_backward(compiled_ops, shape, dty
                                  None if b is None else b.double(), grad.double())
     assert got[0].dtype == dtype and got[0].shape == x.shape
     for actual, want in zip(got, expected):
-        _close(actual, want, dtype)
+        assert_close_to_scale(actual, want, TOLERANCES[dtype])
 
 
 @pytest.mark.parametrize('channels_last', [False, True])

@@ -10,6 +10,7 @@ import torch
 
 from mmlinattn.ops import roi_align
 from mmlinattn.ops.roi_align.reference import roi_align_reference
+from op_asserts import assert_close_to_scale
 from thread_counts import assert_equal_at_thread_counts
 
 # dtype -> absolute tolerance relative to the largest reference entry: bf16 rounds the map and the
@@ -50,11 +51,6 @@ def _forward_backward(function, x, rois, grad, *args):
     return out, torch.autograd.grad(out, leaf, grad)[0]
 
 
-def _close(actual, expected, dtype):
-    scale = expected.abs().max().item() or 1.0
-    torch.testing.assert_close(actual.double(), expected, rtol=0, atol=TOLERANCES[dtype] * scale)
-
-
 @pytest.mark.parametrize('shape', SHAPES)
 @pytest.mark.parametrize('dtype', [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize('channels_last', [False, True])
@@ -69,8 +65,8 @@ def test_compiled_equals_reference_forward_and_backward(compiled_ops, shape, dty
     # the reference in fp64 on the same (rounded) inputs
     want_out, want_dx = _forward_backward(roi_align_reference, x.double(), rois, grad.double(),
                                           *args)
-    _close(out, want_out, dtype)
-    _close(dx, want_dx, dtype)
+    assert_close_to_scale(out, want_out, TOLERANCES[dtype])
+    assert_close_to_scale(dx, want_dx, TOLERANCES[dtype])
     if sampling_ratio == 0 and aligned:  # the empty and the inverted roi have no samples
         assert not out[:2].any()
 
@@ -132,8 +128,8 @@ def test_half_inputs_run_the_fp32_kernel(compiled_ops):
     out, dx = _forward_backward(roi_align, x, rois, grad, 7, 0.5)
     assert out.dtype == dx.dtype == torch.float16
     want = _forward_backward(roi_align_reference, x.double(), rois, grad.double(), (7, 7), 0.5)
-    _close(out, want[0], torch.bfloat16)
-    _close(dx, want[1], torch.bfloat16)
+    assert_close_to_scale(out, want[0], TOLERANCES[torch.bfloat16])
+    assert_close_to_scale(dx, want[1], TOLERANCES[torch.bfloat16])
 
 
 @pytest.mark.parametrize('mode', ['reference', 'triton'])

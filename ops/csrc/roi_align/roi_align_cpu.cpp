@@ -108,6 +108,21 @@ void axis_taps(acc_t start, acc_t bin, int64_t bins, int64_t grid, int64_t size,
     }
 }
 
+// The four bilinear corners of the sample at row taps ty and column taps tx: their pixel indices
+// (row * W + col) and weights, in mmcv's order (low/low, low/high, high/low, high/high).
+template <typename acc_t>
+struct Corners {
+  int64_t pixel[4];
+  acc_t weight[4];
+};
+
+template <typename acc_t>
+inline __attribute__((always_inline)) Corners<acc_t> corners(const AxisTap<acc_t>& ty,
+                                                             const AxisTap<acc_t>& tx) {
+  return {{ty.low + tx.low, ty.low + tx.high, ty.high + tx.low, ty.high + tx.high},
+          {ty.w_low * tx.w_low, ty.w_low * tx.w_high, ty.w_high * tx.w_low, ty.w_high * tx.w_high}};
+}
+
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define MMLINATTN_ROI_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -128,13 +143,12 @@ inline __attribute__((always_inline)) void forward_roi_impl(
       for (int64_t iy = 0; iy < grid_h; ++iy) {
         const AxisTap<acc_t>& ty = ys[py * grid_h + iy];
         for (int64_t ix = 0; ix < grid_w; ++ix) {
-          const AxisTap<acc_t>& tx = xs[px * grid_w + ix];
-          const acc_t w1 = ty.w_low * tx.w_low, w2 = ty.w_low * tx.w_high;
-          const acc_t w3 = ty.w_high * tx.w_low, w4 = ty.w_high * tx.w_high;
-          const scalar_t* p1 = map + (ty.low + tx.low) * channels;
-          const scalar_t* p2 = map + (ty.low + tx.high) * channels;
-          const scalar_t* p3 = map + (ty.high + tx.low) * channels;
-          const scalar_t* p4 = map + (ty.high + tx.high) * channels;
+          const Corners<acc_t> k = corners(ty, xs[px * grid_w + ix]);
+          const scalar_t* p1 = map + k.pixel[0] * channels;
+          const scalar_t* p2 = map + k.pixel[1] * channels;
+          const scalar_t* p3 = map + k.pixel[2] * channels;
+          const scalar_t* p4 = map + k.pixel[3] * channels;
+          const acc_t w1 = k.weight[0], w2 = k.weight[1], w3 = k.weight[2], w4 = k.weight[3];
 #pragma omp simd
           for (int64_t c = 0; c < channels; ++c)
             acc[c] += w1 * static_cast<acc_t>(p1[c]) + w2 * static_cast<acc_t>(p2[c]) +
@@ -161,22 +175,14 @@ inline __attribute__((always_inline)) void backward_roi_impl(
       for (int64_t iy = 0; iy < grid_h; ++iy) {
         const AxisTap<acc_t>& ty = ys[py * grid_h + iy];
         for (int64_t ix = 0; ix < grid_w; ++ix) {
-          const AxisTap<acc_t>& tx = xs[px * grid_w + ix];
-          const acc_t w1 = ty.w_low * tx.w_low, w2 = ty.w_low * tx.w_high;
-          const acc_t w3 = ty.w_high * tx.w_low, w4 = ty.w_high * tx.w_high;
-          acc_t* p1 = grad_map + (ty.low + tx.low) * channels + c0;
-          acc_t* p2 = grad_map + (ty.low + tx.high) * channels + c0;
-          acc_t* p3 = grad_map + (ty.high + tx.low) * channels + c0;
-          acc_t* p4 = grad_map + (ty.high + tx.high) * channels + c0;
-          // the four taps may be one pixel (a clamped sample): one after the other, not fused
+          const Corners<acc_t> k = corners(ty, xs[px * grid_w + ix]);
+          // the four corners may be one pixel (a clamped sample): one after the other, not fused
+          for (int corner = 0; corner < 4; ++corner) {
+            acc_t* p = grad_map + k.pixel[corner] * channels + c0;
+            const acc_t w = k.weight[corner];
 #pragma omp simd
-          for (int64_t c = 0; c < lanes; ++c) p1[c] += w1 * g[c];
-#pragma omp simd
-          for (int64_t c = 0; c < lanes; ++c) p2[c] += w2 * g[c];
-#pragma omp simd
-          for (int64_t c = 0; c < lanes; ++c) p3[c] += w3 * g[c];
-#pragma omp simd
-          for (int64_t c = 0; c < lanes; ++c) p4[c] += w4 * g[c];
+            for (int64_t c = 0; c < lanes; ++c) p[c] += w * g[c];
+          }
         }
       }
     }
