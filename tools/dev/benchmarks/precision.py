@@ -140,6 +140,9 @@ def main(args: argparse.Namespace) -> int:
     if args.device == 'cuda' and not torch.cuda.is_available():
         print('--device cuda: no CUDA device is available', file=sys.stderr)
         return 2
+    if args.device == 'cpu':
+        from mmlinattn.cpu_autocast import warn_if_cpu_lacks_bf16
+        warn_if_cpu_lacks_bf16()
     if args.threads:
         torch.set_num_threads(args.threads)
     models, sizes = args.models or list(BACKBONES), args.sizes or list(SIZES)
