@@ -1,7 +1,8 @@
 """What bf16 autocast on the CPU needs besides ``torch.autocast``.
 
-- bf16 instructions: without ``avx512_bf16`` or ``amx_bf16`` the CPU emulates bf16 by conversions
-  and runs it slower than fp32; :func:`warn_if_cpu_lacks_bf16` says so once.
+- bf16 instructions: without ``avx512_bf16`` or ``amx_bf16`` the CPU emulates bf16 and runs it
+  many times slower than fp32; :func:`warn_if_cpu_lacks_bf16` says so once, and
+  :func:`mixed_precision_is_native` tells a script whether to ask for bf16 at all.
 - fp32 for mmcv's ops: mmcv's CPU kernels have no bf16 versions (NMS takes fp32 only, RoIAlign fp32
   and fp16), and under autocast mmdet's detectors hand them bf16 boxes, scores and features.
   :func:`run_mmcv_ops_in_fp32` makes one model run them in fp32, as mmdet 2's ``force_fp32`` did
@@ -16,8 +17,8 @@ from typing import FrozenSet, Optional
 import torch
 from torch import nn
 
-__all__ = ['BF16_CPU_FLAGS', 'cpu_flags', 'cpu_has_bf16', 'warn_if_cpu_lacks_bf16',
-           'run_mmcv_ops_in_fp32']
+__all__ = ['BF16_CPU_FLAGS', 'cpu_flags', 'cpu_has_bf16', 'mixed_precision_is_native',
+           'warn_if_cpu_lacks_bf16', 'run_mmcv_ops_in_fp32']
 
 # Either gives the CPU native bf16 dot products (oneDNN uses them for bf16 matmuls and convolutions).
 BF16_CPU_FLAGS = ('avx512_bf16', 'amx_bf16')
@@ -42,6 +43,14 @@ def cpu_has_bf16() -> Optional[bool]:
     return None if flags is None else bool(flags.intersection(BF16_CPU_FLAGS))
 
 
+def mixed_precision_is_native() -> bool:
+    """Whether ``--amp`` runs on hardware made for it here: a CUDA GPU, or a CPU with one of
+    :data:`BF16_CPU_FLAGS` (unreadable flags count as none). Elsewhere bf16 is emulated: a Mask
+    R-CNN LaplacianFormer-T training step on balloon took 88 s in bf16 against 2.8 s in fp32 on an
+    AVX2-only AMD EPYC."""
+    return torch.cuda.is_available() or bool(cpu_has_bf16())
+
+
 @functools.lru_cache(maxsize=None)  # once per process: every run's wrapper and test loop asks
 def warn_if_cpu_lacks_bf16() -> None:
     """Warn that bf16 will be slower than fp32 when the CPU has none of :data:`BF16_CPU_FLAGS`
@@ -49,7 +58,8 @@ def warn_if_cpu_lacks_bf16() -> None:
     if cpu_has_bf16() in (None, True):
         return
     warnings.warn(f'this CPU has none of the bf16 instructions {" / ".join(BF16_CPU_FLAGS)} (not in '
-                  '/proc/cpuinfo flags): bf16 autocast runs emulated and slower than fp32 here',
+                  '/proc/cpuinfo flags): bf16 autocast runs emulated here, many times slower than '
+                  'fp32 (30x for a Mask R-CNN training step on an AVX2 CPU); train in fp32 here',
                   stacklevel=2)
 
 

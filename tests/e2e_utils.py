@@ -92,6 +92,14 @@ def run_checked(args, cwd, env, timeout=1800) -> str:
 TOOL_THREADS = os.environ.get('OMP_NUM_THREADS', '2')
 
 
+def amp_args():
+    """``['--amp']`` for a training run that should be fast where mixed precision is native
+    (:func:`mmlinattn.cpu_autocast.mixed_precision_is_native`), as the main job decides; ``[]``
+    (fp32) on a CPU that would emulate bf16."""
+    from mmlinattn.cpu_autocast import mixed_precision_is_native
+    return ['--amp'] if mixed_precision_is_native() else []
+
+
 def run(args, timeout=1800, expect_ok=True, env=None, interpreter=(sys.executable, )):
     """Run ``python *args`` (or ``interpreter *args``) in the repo root; return the completed process
     (stdout+stderr in .output)."""

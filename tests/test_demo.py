@@ -156,9 +156,9 @@ def test_demo_trains_in_bf16_where_the_cpu_has_it(demo_run):
     """AMP=auto: tools/train.py --amp (the plugin's bf16 optim wrapper) wherever the CPU has bf16
     instructions, fp32 elsewhere."""
     import torch
-    from mmlinattn.cpu_autocast import cpu_has_bf16
+    from mmlinattn.cpu_autocast import mixed_precision_is_native
     work_dir, output = demo_run
-    amp = torch.cuda.is_available() or bool(cpu_has_bf16())
+    amp = mixed_precision_is_native()
     assert ('[demo] mixed precision: on' if amp else '[demo] mixed precision: off') in output
     logs = ''.join(open(path).read() for path in glob.glob(osp.join(work_dir, 'finetune', '*', '*.log')))
     assert ('MixedPrecisionOptimWrapper: autocast to torch.bfloat16' in logs) == (

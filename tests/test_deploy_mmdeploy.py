@@ -1,6 +1,6 @@
 """mmdeploy's command lines (tools/deploy.py, tools/deploy_test.py) on models that have learned
-something, on real photographs from the shared archives, each trained here a little (bf16 on the
-CPU) and exported with the project's deploy configs; onnxruntime against PyTorch on the same images:
+something, on real photographs from the shared archives, each trained here a little (bf16 where
+the CPU has bf16 instructions, else fp32) and exported with the project's deploy configs; onnxruntime against PyTorch on the same images:
 
 - Mask R-CNN with LaplacianFormer-T on balloon: COCO bbox/segm AP within 0.002 on the val photos and
   each photo's detections matched one by one; the standard-operator fallback gives the same detections;
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from e2e_utils import ROOT, SHARED_ARCHIVES, TOOL_THREADS, run_checked, shared_archive
+from e2e_utils import ROOT, SHARED_ARCHIVES, TOOL_THREADS, amp_args, run_checked, shared_archive
 
 pytestmark = pytest.mark.slow
 pytest.importorskip('mmdeploy')
@@ -50,11 +50,11 @@ def tool(name, *args, cwd):
 
 def train(user, set_name, model_cfg, options, max_size=None):
     """data/<set> in ``user`` from the shared archive, and the last checkpoint of tools/train.py
-    --amp with ``options``."""
+    (``--amp`` where bf16 is native) with ``options``."""
     from misc import download_dataset
     download_dataset.prepare(set_name, str(user / 'data'), shared_archive(SHARED_ARCHIVES[set_name]),
                              max_size=max_size)
-    tool('train.py', model_cfg, '--amp', '--work-dir', 'train', '--cfg-options', 'randomness.seed=0',
+    tool('train.py', model_cfg, *amp_args(), '--work-dir', 'train', '--cfg-options', 'randomness.seed=0',
          *options, cwd=user)
     return os.path.join(user, (user / 'train' / 'last_checkpoint').read_text().strip())
 

@@ -212,7 +212,8 @@ def test_warns_once_naming_the_missing_flags(monkeypatch):
         warn_if_cpu_lacks_bf16()
     assert [str(w.message) for w in caught] == [
         'this CPU has none of the bf16 instructions avx512_bf16 / amx_bf16 (not in /proc/cpuinfo flags): '
-        'bf16 autocast runs emulated and slower than fp32 here']
+        'bf16 autocast runs emulated here, many times slower than fp32 (30x for a Mask R-CNN training '
+        'step on an AVX2 CPU); train in fp32 here']
     assert caught[0].filename.endswith('optim_wrapper.py')  # said where the wrapper is built
 
 
@@ -222,6 +223,17 @@ def test_no_warning_with_either_flag_or_unreadable_flags(monkeypatch, flags):
     with warnings.catch_warnings():
         warnings.simplefilter('error')
         warn_if_cpu_lacks_bf16()
+
+
+@pytest.mark.parametrize('flags, cuda, native', [
+    ({'avx2', 'fma'}, False, False), ({'avx2', 'amx_bf16'}, False, True),
+    ({'avx512_bf16'}, False, True), ({'avx2'}, True, True), (None, False, False)])
+def test_mixed_precision_is_native_on_a_gpu_or_a_cpu_with_bf16_instructions(monkeypatch, flags, cuda,
+                                                                             native):
+    # what the main job and the e2e tests read to choose --amp; unreadable flags choose fp32
+    monkeypatch.setattr(cpu_autocast, 'cpu_flags', lambda: None if flags is None else frozenset(flags))
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: cuda)
+    assert cpu_autocast.mixed_precision_is_native() is native
 
 
 @pytest.mark.skipif(not os.path.isfile('/proc/cpuinfo'), reason='Linux: /proc/cpuinfo')

@@ -57,8 +57,8 @@ fi
 
 AMP="${AMP:-auto}"
 if [ "$AMP" = auto ]; then
-  "$PY" -c 'import sys, torch; from mmlinattn.cpu_autocast import cpu_has_bf16
-sys.exit(0 if torch.cuda.is_available() or cpu_has_bf16() else 1)' && AMP=1 || AMP=0
+  "$PY" -c 'import sys; from mmlinattn.cpu_autocast import mixed_precision_is_native
+sys.exit(0 if mixed_precision_is_native() else 1)' && AMP=1 || AMP=0
 fi
 AMP_FLAG=()
 [ "$AMP" = 0 ] || AMP_FLAG=(--amp)
