@@ -17,7 +17,7 @@ from typing import FrozenSet, Optional
 import torch
 from torch import nn
 
-__all__ = ['BF16_CPU_FLAGS', 'cpu_flags', 'cpu_has_bf16', 'mixed_precision_is_native',
+__all__ = ['BF16_CPU_FLAGS', 'cpu_flags', 'cpu_model', 'cpu_has_bf16', 'mixed_precision_is_native',
            'warn_if_cpu_lacks_bf16', 'run_mmcv_ops_in_fp32']
 
 # Either gives the CPU native bf16 dot products (oneDNN uses them for bf16 matmuls and convolutions).
@@ -25,16 +25,27 @@ BF16_CPU_FLAGS = ('avx512_bf16', 'amx_bf16')
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
-def cpu_flags() -> Optional[FrozenSet[str]]:
-    """The CPU's feature flags from ``/proc/cpuinfo`` (Linux); None where it cannot be read."""
+def _cpuinfo_field(name: str) -> Optional[str]:
+    """The value of the first ``name`` line of ``/proc/cpuinfo`` (Linux); None where it cannot be read."""
     try:
         with open('/proc/cpuinfo') as f:
             for line in f:
-                if line.startswith('flags'):
-                    return frozenset(line.split(':', 1)[1].split())
+                if line.startswith(name):
+                    return line.split(':', 1)[1].strip()
     except OSError:
         pass
     return None
+
+
+def cpu_flags() -> Optional[FrozenSet[str]]:
+    """The CPU's feature flags from ``/proc/cpuinfo`` (Linux); None where it cannot be read."""
+    flags = _cpuinfo_field('flags')
+    return None if flags is None else frozenset(flags.split())
+
+
+def cpu_model() -> Optional[str]:
+    """The CPU's model name from ``/proc/cpuinfo`` (Linux); None where it cannot be read."""
+    return _cpuinfo_field('model name')
 
 
 def cpu_has_bf16() -> Optional[bool]:

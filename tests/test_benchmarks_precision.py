@@ -51,6 +51,7 @@ def test_precision_benchmark_warns_on_a_cpu_without_bf16_instructions(monkeypatc
     monkeypatch.setattr(cpu_autocast, 'cpu_flags', lambda: frozenset({'avx2', 'fma'}))
     cpu_autocast.warn_if_cpu_lacks_bf16.cache_clear()
     monkeypatch.setattr(precision, 'matmul_peak_gflops', lambda device, dtype: 1.0)
+
     class Measured(Exception):
         pass
 

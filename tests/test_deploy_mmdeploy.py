@@ -1,6 +1,7 @@
 """mmdeploy's command lines (tools/deploy.py, tools/deploy_test.py) on models that have learned
 something, on real photographs from the shared archives, each trained here a little (bf16 where
-the CPU has bf16 instructions, else fp32) and exported with the project's deploy configs; onnxruntime against PyTorch on the same images:
+the CPU has bf16 instructions, else fp32) and exported with the project's deploy configs;
+onnxruntime against PyTorch on the same images:
 
 - Mask R-CNN with LaplacianFormer-T on balloon: COCO bbox/segm AP within 0.002 on the val photos and
   each photo's detections matched one by one; the standard-operator fallback gives the same detections;

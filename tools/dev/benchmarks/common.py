@@ -178,22 +178,10 @@ def format_table(section: Section) -> str:
     return '\n'.join(out)
 
 
-def cpu_model() -> Optional[str]:
-    """The CPU's model name from ``/proc/cpuinfo`` (Linux); None where it cannot be read."""
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
 def environment() -> Dict[str, Any]:
     """What a benchmark's numbers depend on: torch, threads, the CPU (its model and whether it has
     bf16 instructions: without them bf16 is emulated) and the GPU, the extension's state."""
-    from mmlinattn.cpu_autocast import BF16_CPU_FLAGS, cpu_flags
+    from mmlinattn.cpu_autocast import BF16_CPU_FLAGS, cpu_flags, cpu_model
     flags = cpu_flags()
     info = {'torch': torch.__version__, 'threads': torch.get_num_threads(), 'cpu': cpu_model(),
             'cpu_bf16_flags': None if flags is None else sorted(flags.intersection(BF16_CPU_FLAGS))}
