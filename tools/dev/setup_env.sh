@@ -66,12 +66,14 @@ fi
 if ! have "mmengine==0.10.7"; then
   step "installing mmengine and build/runtime dependencies"
   run mmengine "${PIP[@]}" install "$SETUPTOOLS_SPEC" "mmengine==0.10.7" "numpy<2" "opencv-python<4.11" \
-    pycocotools ftfy regex pytest matplotlib scipy terminaltables
+    pycocotools ftfy regex matplotlib scipy terminaltables
 fi
 
-if ! have "pytest-xdist==3.8.0"; then
-  step "installing pytest-xdist (the test tiers run on every core)"
-  run pytest-xdist "${PIP[@]}" install "pytest-xdist==3.8.0"
+# pytest 9.2 silently undoes xdist 3.8's --dist loadgroup (pytest-xdist#1386): every worker would
+# repeat the module fixtures of the slow tier's xdist groups (tests/test_test_tiers.py)
+if ! have "pytest==9.1.1" "pytest-xdist==3.8.0"; then
+  step "installing pytest and pytest-xdist (the test tiers run on every core)"
+  run pytest "${PIP[@]}" install "pytest==9.1.1" "pytest-xdist==3.8.0"
 fi
 
 if ! have "mmcv==$MMCV_VERSION"; then
