@@ -27,8 +27,12 @@ from .newton_schulz import newton_schulz_inverse
 from .newton_schulz.reference import newton_schulz_inverse_reference
 from .polarity_attention import polarity_linear_attention
 from .polarity_attention.reference import polarity_linear_attention_reference
+from .roi_align import roi_align
+from .roi_align.reference import roi_align_reference
 
 LAM, NS_ITERS, NS_EPS, POLA_EPS = 4.0, 20, 1e-2, 1e-6
+# mmdet's box head: 7x7 bins on the stride-4 map, ceil(bin size) samples per bin side
+ROI_ALIGN_ARGS = dict(output_size=(7, 7), spatial_scale=0.25, sampling_ratio=0, aligned=True)
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class OpCase:
     quick: int  # the first ``quick`` shapes run with --quick
     tolerances: Dict[torch.dtype, Tuple[float, float]]
     implementations: List[Implementation] = field(default_factory=list)
+    fixed_inputs: int = 0  # the last inputs get no gradient (roi_align's rois)
 
 
 def dispatched(op: str, function: Callable, mode: str) -> Implementation:
@@ -90,6 +95,17 @@ def _depthwise_inputs(shape, gen):
             _scaled(gen, (c, 1, k, k), 1 / k), _scaled(gen, (c, ))]
 
 
+def _roi_align_inputs(shape, gen):
+    """A map and rois in image pixels (1 / spatial_scale per map pixel), some of them reaching past
+    the map's edges."""
+    b, c, height, width, k = shape
+    extent = torch.tensor([width, height], dtype=torch.float64) / ROI_ALIGN_ARGS['spatial_scale']
+    corner = (torch.rand(k, 2, generator=gen, dtype=torch.float64) * 1.2 - 0.1) * extent
+    size = torch.rand(k, 2, generator=gen, dtype=torch.float64) * 0.6 * extent + 1
+    batch = torch.randint(b, (k, 1), generator=gen).double()
+    return [_scaled(gen, (b, c, height, width)), torch.cat([batch, corner, corner + size], 1)]
+
+
 _HALVES = {torch.float16: (4e-3, 1e-2), torch.bfloat16: (3e-2, 6e-2)}
 CASES: Dict[str, OpCase] = {
     'laplacian_kernel': OpCase(
@@ -115,6 +131,13 @@ CASES: Dict[str, OpCase] = {
         # smaller than the kernel, LaplacianFormer's 9x9 stage-1 branch.
         shapes=((2, 5, 7, 9, 3), (1, 35, 4, 6, 9), (2, 64, 24, 17, 9)),
         quick=2, tolerances={torch.float32: (1e-5, 1e-5), **_HALVES}),
+    'roi_align': OpCase(
+        reference=lambda x, rois: roi_align_reference(x, rois, **ROI_ALIGN_ARGS),
+        make_inputs=_roi_align_inputs,
+        # (B, C, H, W, K): channel counts on both sides of the backward's 16- and 64-channel blocks
+        shapes=((1, 5, 9, 11, 6), (2, 70, 16, 13, 9), (2, 256, 32, 40, 32)),
+        quick=2, tolerances={torch.float32: (1e-5, 1e-5), torch.bfloat16: _HALVES[torch.bfloat16]},
+        fixed_inputs=1),
 }
 _PUBLIC = {
     'laplacian_kernel': lambda q, k: laplacian_kernel(q, k, LAM),
@@ -122,6 +145,7 @@ _PUBLIC = {
     'polarity_linear_attention': lambda q, k, v, p: polarity_linear_attention(q, k, v, p,
                                                                               POLA_EPS),
     'depthwise_conv2d': depthwise_conv2d,
+    'roi_align': lambda x, rois: roi_align(x, rois, **ROI_ALIGN_ARGS),
 }
 for _op, _case in CASES.items():
     _case.implementations.extend(dispatched(_op, _PUBLIC[_op], mode)
@@ -135,10 +159,12 @@ def register(op: str, implementation: Implementation) -> None:
     implementations.append(implementation)
 
 
-def _forward_backward(function, inputs, grad_seed=0):
-    """The output and the gradients of ``sum(output * g)`` (g fixed) for every input."""
-    leaves = [x.detach().requires_grad_() for x in inputs]
-    out = function(*leaves)
+def _forward_backward(function, inputs, fixed_inputs=0, grad_seed=0):
+    """The output and the gradients of ``sum(output * g)`` (g fixed) for every input but the last
+    ``fixed_inputs``."""
+    split = len(inputs) - fixed_inputs
+    leaves = [x.detach().requires_grad_() for x in inputs[:split]]
+    out = function(*leaves, *inputs[split:])
     gen = torch.Generator().manual_seed(grad_seed)
     grad = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out)
     grads = torch.autograd.grad(out, leaves, grad)
@@ -152,15 +178,15 @@ def _relative_error(actual, expected) -> float:
     return (actual.double() - expected).abs().max().item() / max(scale, 1e-30)
 
 
-def _timed(function, inputs, device_type, repeats) -> float:
+def _timed(function, inputs, fixed_inputs, device_type, repeats) -> float:
     """The best of ``repeats`` forward+backward times, after one warm-up run."""
-    _forward_backward(function, inputs)
+    _forward_backward(function, inputs, fixed_inputs)
     best = float('inf')
     for _ in range(repeats):
         if device_type == 'cuda':
             torch.cuda.synchronize()
         start = time.perf_counter()
-        _forward_backward(function, inputs)
+        _forward_backward(function, inputs, fixed_inputs)
         if device_type == 'cuda':
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - start)
@@ -200,16 +226,17 @@ def check(op: str, implementation: Implementation, dtype: torch.dtype, device: s
     for index, shape in enumerate(shapes):
         gen = torch.Generator().manual_seed(index)
         inputs = [x.to(device=device, dtype=dtype) for x in case.make_inputs(shape, gen)]
-        out, grads = _forward_backward(implementation.run, inputs)
-        ref_out, ref_grads = _forward_backward(case.reference, [x.double() for x in inputs])
+        out, grads = _forward_backward(implementation.run, inputs, case.fixed_inputs)
+        ref_out, ref_grads = _forward_backward(case.reference, [x.double() for x in inputs],
+                                               case.fixed_inputs)
         err_fwd = max(err_fwd, _relative_error(out, ref_out))
         err_bwd = max([err_bwd] + [_relative_error(g, r) for g, r in zip(grads, ref_grads)])
     row.forward, row.backward = (err_fwd, tol_fwd), (err_bwd, tol_bwd)
     reference = next(i for i in case.implementations if i.name == 'reference')
     repeats = 1 if quick else 3
     row.time_ratio = 1.0 if implementation is reference else (
-        _timed(implementation.run, inputs, device, repeats)
-        / _timed(reference.run, inputs, device, repeats))
+        _timed(implementation.run, inputs, case.fixed_inputs, device, repeats)
+        / _timed(reference.run, inputs, case.fixed_inputs, device, repeats))
     return row
 
 
