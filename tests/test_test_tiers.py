@@ -3,8 +3,10 @@
 config walk) starts once. Not every pytest/pytest-xdist pair does: under pytest 9.2, xdist 3.8's
 groups are silently ignored (pytest-xdist#1386) and each worker repeats the fixture."""
 import json
-import subprocess
+import os
 import sys
+
+from e2e_utils import run_checked
 
 GROUPED_TESTS = '''
 import json, os, time
@@ -29,9 +31,7 @@ def test_alone(index):
 def test_slow_tier_keeps_a_group_on_one_worker(tmp_path):
     (tmp_path / 'test_grouped.py').write_text(GROUPED_TESTS)
     (tmp_path / 'pytest.ini').write_text('[pytest]\nmarkers =\n    xdist_group(name): one worker\n')
-    proc = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-n', '2',
-                           '--dist', 'loadgroup'], cwd=tmp_path, text=True, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, timeout=300)
-    assert proc.returncode == 0, proc.stdout
+    run_checked([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-n', '2', '--dist',
+                 'loadgroup'], cwd=tmp_path, env=dict(os.environ), timeout=300)
     workers = {json.loads((tmp_path / f'grouped_{i}.json').read_text()) for i in range(4)}
     assert len(workers) == 1, f'one xdist_group ran on {sorted(workers)}'
